@@ -1,0 +1,44 @@
+"""jmodule: PyTorch's ``nn.Module`` programming model, compiled by JAX.
+
+>>> import jax.numpy as jnp
+>>> import jmodule as jm
+>>> model = jm.nn.Sequential(jm.nn.Linear(4, 8), jm.nn.ReLU(), jm.nn.Linear(8, 2))
+>>> model.compile()
+>>> model(jnp.ones((3, 4))).shape
+(3, 2)
+"""
+
+from jmodule import nn as nn
+from jmodule._lowering.binding import TracerLeakError as TracerLeakError
+from jmodule._lowering.compiled import compile as compile
+from jmodule.device import DeviceError as DeviceError
+from jmodule.device import DtypeError as DtypeError
+from jmodule.device import bfloat16 as bfloat16
+from jmodule.device import bool as bool
+from jmodule.device import channels_last as channels_last
+from jmodule.device import channels_last_3d as channels_last_3d
+from jmodule.device import complex64 as complex64
+from jmodule.device import complex128 as complex128
+from jmodule.device import contiguous_format as contiguous_format
+from jmodule.device import device as device
+from jmodule.device import double as double
+from jmodule.device import float16 as float16
+from jmodule.device import float32 as float32
+from jmodule.device import float64 as float64
+from jmodule.device import half as half
+from jmodule.device import int8 as int8
+from jmodule.device import int16 as int16
+from jmodule.device import int32 as int32
+from jmodule.device import int64 as int64
+from jmodule.device import is_meta as is_meta
+from jmodule.device import long as long
+from jmodule.device import preserve_format as preserve_format
+from jmodule.device import uint8 as uint8
+from jmodule.nn.modules.module import Module as Module
+from jmodule.nn.parameter import Parameter as Parameter
+from jmodule.random import Generator as Generator
+from jmodule.random import initial_seed as initial_seed
+from jmodule.random import manual_seed as manual_seed
+from jmodule.random import seed as seed
+
+__version__ = "0.1.0.dev0"

@@ -1,0 +1,38 @@
+"""Array creation that honours ``with jm.device(...)`` and meta construction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jmodule import device as _device
+
+
+def placement(device: Any = None) -> Any:
+    """The placement for new arrays: ``device`` if given, else the context's default."""
+    if device is not None:
+        return _device.resolve(device)
+    return _device.default_device()
+
+
+def empty(shape: tuple[int, ...], dtype: Any = None, device: Any = None) -> Any:
+    """A new array of ``shape`` (zeros; JAX has no uninitialised memory).
+
+    Under ``jm.device("meta")`` (or ``device="meta"``) it is a
+    ``jax.ShapeDtypeStruct``: shape and dtype only, no memory.
+    """
+    dtype = _device.canonical_dtype(dtype if dtype is not None else jnp.float32)
+    place = placement(device)
+    if isinstance(place, _device.device):
+        return jax.ShapeDtypeStruct(tuple(shape), dtype)
+    return jnp.zeros(shape, dtype, device=place)
+
+
+def full(shape: tuple[int, ...], value: Any, dtype: Any = None, device: Any = None) -> Any:
+    """Like :func:`empty`, filled with ``value``."""
+    out = empty(shape, dtype, device)
+    if isinstance(out, jax.ShapeDtypeStruct):
+        return out
+    return jnp.full(shape, value, out.dtype, device=out.sharding)

@@ -1,0 +1,1 @@
+"""Lowering: module state bound into pure functions, compiled with ``jax.jit``."""

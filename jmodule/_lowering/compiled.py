@@ -1,0 +1,370 @@
+"""Compiled calls: one ``jax.jit`` program per structure, a fast path per call.
+
+A :class:`Program` lowers ``fn(objects, args, kwargs)`` into
+
+    pure(state_values, args, kwargs) -> (output, {slot_index: new_value})
+
+by binding the state values into the objects' slots (``binding.bound``),
+and keeps one ``jax.jit`` of it per structure key. The per-call path reads the
+slots, calls the jitted function and writes back what changed; it walks the
+module tree only when the global structure epoch has moved since last time.
+
+:class:`CompiledForward` is ``model.compile()``; :class:`CompiledFunction` is
+``jm.compile(fn)`` over functions whose arguments include stateful objects.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jmodule import random as _random
+from jmodule._lowering import binding, structure
+from jmodule._lowering.binding import LOCK, Slot
+
+logger = logging.getLogger("jmodule.compile")
+
+_ArrayImpl = type(jax.numpy.zeros(()))
+_RNG_NAME = "<rng key>"
+
+
+class Static:
+    """A non-array argument, passed to ``jax.jit`` as part of the tree structure."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is Static
+            and type(self.value) is type(other.value)
+            and bool(self.value == other.value)
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), self.value))
+
+    def __repr__(self) -> str:
+        return f"Static({self.value!r})"
+
+
+jax.tree_util.register_pytree_node(Static, lambda s: ((), s.value), lambda v, _: Static(v))
+
+
+def _is_param(x: Any) -> bool:
+    from jmodule.nn.parameter import _ArrayLike
+
+    return isinstance(x, _ArrayLike)
+
+
+def wrap_leaf(x: Any) -> Any:
+    """Arrays stay dynamic; Parameters become their arrays; the rest is static."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return x
+    if _is_param(x):
+        return x.__dict__["_value"]
+    try:
+        hash(x)
+    except TypeError:
+        raise TypeError(
+            f"Compiled calls take arrays (traced) and hashable Python values (compile-time "
+            f"constants); got an unhashable {type(x).__name__}. Pass it as an array, a tuple, "
+            "or a dict/list of arrays."
+        ) from None
+    return Static(x)
+
+
+def unwrap_static(tree: Any) -> Any:
+    return jax.tree_util.tree_map(
+        lambda x: x.value if type(x) is Static else x,
+        tree,
+        is_leaf=lambda x: type(x) is Static,
+    )
+
+
+def _describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> dict[str, str]:
+    out = {}
+    flat, _ = jax.tree_util.tree_flatten_with_path(
+        (args, kwargs), is_leaf=lambda x: type(x) is Static
+    )
+    for path, leaf in flat:
+        name = jax.tree_util.keystr(path)
+        if arg_names is not None and path and path[0].idx == 0 and len(path) > 1:
+            idx = path[1].idx if hasattr(path[1], "idx") else None
+            if idx is not None and idx < len(arg_names):
+                name = arg_names[idx] + jax.tree_util.keystr(path[2:])
+        elif path and path[0].idx == 1 and len(path) > 1:
+            name = jax.tree_util.keystr(path[1:]).strip("[]'")
+        if type(leaf) is Static:
+            out[name] = f"value {leaf.value!r}"
+        else:
+            out[name] = f"{tuple(leaf.shape)} {leaf.dtype}"
+    return out
+
+
+def _diff(kind: str, old: dict[str, str], new: dict[str, str]) -> str | None:
+    for name, sig in new.items():
+        if name not in old:
+            return f"{kind} '{name}' added"
+        if old[name] != sig:
+            return f"{kind} changed: {name} {old[name]} -> {sig}"
+    for name in old:
+        if name not in new:
+            return f"{kind} '{name}' removed"
+    return None
+
+
+class Program:
+    """One Python function lowered to cached ``jax.jit`` programs."""
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[Any], tuple, dict], Any],
+        name: str,
+        jit_options: dict,
+        arg_names: Sequence[str] | None = None,
+    ):
+        self.fn = fn
+        self.name = name
+        self.jit_options = jit_options
+        self.arg_names = arg_names
+        self.entries: dict[Any, Any] = {}
+        self.num_traces = 0
+        self.reasons: list[str] = []
+        # Set before each call: what the pure function binds when it traces.
+        self.objects: Sequence[Any] = ()
+        self.slots: Sequence[Slot] = ()
+        self.names: Sequence[str] = ()
+        self.named_modules: Sequence[tuple[str, Any]] = ()
+        self._infos: dict | None = None
+        self._pending_reason = "first call"
+        self._last_sig: dict[Any, tuple[dict, dict]] = {}
+
+    def jitted(self, key: Any, infos: dict) -> Callable:
+        """The ``jax.jit`` function for structure ``key`` (made on first use)."""
+        fn = self.entries.get(key)
+        if fn is None:
+            if self._infos is not None:
+                self._pending_reason = structure.structural_change(self._infos, infos)
+            fn = self.entries[key] = jax.jit(functools.partial(self._pure, key), **self.jit_options)
+        self._infos = infos
+        return fn
+
+    def _note_trace(self, key: Any, vals: Sequence[Any], args: Any, kwargs: Any) -> None:
+        state_sig = {n: f"{tuple(v.shape)} {v.dtype}" for n, v in zip(self.names, vals)}
+        arg_sig = _describe_args(args, kwargs, self.arg_names)
+        previous = self._last_sig.get(key)
+        if previous is None:
+            reason = self._pending_reason
+        else:
+            reason = (
+                _diff("input", previous[1], arg_sig)
+                or _diff("state", previous[0], state_sig)
+                or "input sharding, device or weak type changed"
+            )
+        self._last_sig[key] = (state_sig, arg_sig)
+        self.num_traces += 1
+        self.reasons.append(reason)
+        logger.info("compiling %s (trace %d): %s", self.name, self.num_traces, reason)
+
+    def _pure(self, key: Any, vals: list, args: tuple, kwargs: dict) -> tuple[Any, dict]:
+        self._note_trace(key, vals, args, kwargs)
+        args, kwargs = unwrap_static((args, kwargs))
+        slots = self.slots
+        with binding.bound(slots, vals, self.named_modules):
+            out = self.fn(self.objects, args, kwargs)
+            changed = {i: c[k] for i, (c, k) in enumerate(slots) if c[k] is not vals[i]}
+        return out, changed
+
+    def set_state(self, objects: Sequence[Any], descs: Sequence[structure.Description]) -> None:
+        """Point the program at ``objects`` (their slots plus the RNG key)."""
+        slots: list[Slot] = []
+        names: list[str] = []
+        named_modules: list[tuple[str, Any]] = []
+        for i, d in enumerate(descs):
+            prefix = "" if len(descs) == 1 else f"[{i}]."
+            slots += d.slots
+            names += [prefix + n for n in d.names]
+            named_modules += [
+                (prefix + p if p else prefix.rstrip("."), m) for p, m in d.named_modules
+            ]
+        slots.append((_random.default_generator.__dict__, "_key"))
+        names.append(_RNG_NAME)
+        self.objects = objects
+        self.slots = tuple(slots)
+        self.names = tuple(names)
+        self.named_modules = tuple(named_modules)
+
+
+def _check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
+    for (c, k), name in zip(slots, names):
+        if isinstance(c[k], jax.ShapeDtypeStruct):
+            raise RuntimeError(
+                f"'{name}' is on the meta device (shape and dtype only, no data), so the module "
+                "cannot run. Allocate it with module.to_empty(device=...) and initialise it "
+                "(reset_parameters() or load_state_dict) first."
+            )
+
+
+def _call(program: Program, jitted: Callable, args: tuple, kwargs: dict) -> Any:
+    slots = program.slots
+    out, changed = jitted([c[k] for c, k in slots], args, kwargs)
+    for i, v in changed.items():
+        c, k = slots[i]
+        c[k] = v
+    return out
+
+
+def _forward_arg_names(module: Any) -> list[str] | None:
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+class CompiledForward:
+    """``model.compile()``: the module's calls as one cached XLA program."""
+
+    def __init__(self, module: Any, jit_options: dict, options: dict):
+        self.module = module
+        self.options = options
+        self.program = Program(
+            lambda objs, args, kwargs: objs[0]._call_impl(*args, **kwargs),
+            name=f"forward of {type(module).__name__}",
+            jit_options=jit_options,
+            arg_names=_forward_arg_names(module),
+        )
+        self._epoch = -1
+        self._jitted: Callable | None = None
+
+    def _refresh(self) -> None:
+        from jmodule.nn.modules import _hooks
+
+        desc = structure.describe(self.module)
+        key = (desc.key, _hooks.global_hook_key())
+        self.program.set_state((self.module,), (desc,))
+        _check_not_meta(self.program.slots, self.program.names)
+        self._jitted = self.program.jitted(key, desc.infos)
+        self._epoch = binding.EPOCH.value
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        with LOCK:
+            if self._epoch != binding.EPOCH.value:
+                self._refresh()
+            if kwargs or not all(type(a) is _ArrayImpl for a in args):
+                args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
+            return _call(self.program, self._jitted, args, kwargs)
+
+
+def _is_stateful(x: Any) -> bool:
+    return hasattr(type(x), "_jm_describe")
+
+
+class _ObjectRef:
+    """Where a stateful object stood in the arguments (static)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _ObjectRef and other.index == self.index
+
+    def __hash__(self) -> int:
+        return hash(("_ObjectRef", self.index))
+
+
+jax.tree_util.register_pytree_node(_ObjectRef, lambda r: ((), r.index), lambda i, _: _ObjectRef(i))
+
+
+class CompiledFunction:
+    """``jm.compile(fn)``: ``fn`` and every state change it makes, as one XLA program."""
+
+    def __init__(self, fn: Callable, jit_options: dict):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.program = Program(
+            self._run, name=getattr(fn, "__qualname__", repr(fn)), jit_options=jit_options
+        )
+
+    def _run(self, objects: Sequence[Any], args: tuple, kwargs: dict) -> Any:
+        args, kwargs = jax.tree_util.tree_map(
+            lambda x: objects[x.index] if type(x) is _ObjectRef else x,
+            (args, kwargs),
+            is_leaf=lambda x: type(x) is _ObjectRef,
+        )
+        return self.fn(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from jmodule.nn.modules import _hooks
+
+        with LOCK:
+            objects: list[Any] = []
+            index: dict[int, int] = {}
+
+            def leaf(x: Any) -> Any:
+                if _is_stateful(x):
+                    if id(x) not in index:
+                        index[id(x)] = len(objects)
+                        objects.append(x)
+                    return _ObjectRef(index[id(x)])
+                return wrap_leaf(x)
+
+            tree = jax.tree_util.tree_map(
+                leaf, (args, kwargs), is_leaf=lambda x: _is_stateful(x) or _is_param(x)
+            )
+            descs = [o._jm_describe() for o in objects]
+            key = (tuple(d.key for d in descs), _hooks.global_hook_key())
+            self.program.set_state(tuple(objects), descs)
+            _check_not_meta(self.program.slots, self.program.names)
+            jitted = self.program.jitted(key, _merge_infos(descs))
+            return _call(self.program, jitted, *tree)
+
+    @property
+    def num_traces(self) -> int:
+        """How many times ``fn`` has been traced (compiled)."""
+        return self.program.num_traces
+
+
+def _merge_infos(descs: Sequence[structure.Description]) -> dict:
+    if len(descs) == 1:
+        return descs[0].infos
+    return {f"[{i}].{p}": info for i, d in enumerate(descs) for p, info in d.infos.items()}
+
+
+def compile(fn: Callable | None = None, **jit_options: Any) -> Any:
+    """Compile ``fn`` whole, with the state of the modules it is given.
+
+    Arguments that are modules (or other jmodule stateful objects, such as
+    optimizers) have their parameters, buffers and the default RNG key
+    carried into one ``jax.jit`` program and back out: every in-place change
+    the function makes to them is visible afterwards, as if it had run
+    eagerly. Array arguments are traced; other Python values are static (a
+    new value recompiles). Use as ``jm.compile(fn)`` or ``@jm.compile``.
+
+    Args:
+        fn: the function to compile.
+        **jit_options: passed to ``jax.jit`` (e.g. ``compiler_options``).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule as jm
+    >>> model = jm.nn.Linear(3, 1)
+    >>> @jm.compile
+    ... def scaled(m, x, scale):
+    ...     return m(x) * scale
+    >>> scaled(model, jnp.ones((2, 3)), 2.0).shape
+    (2, 1)
+    """
+    if fn is None:
+        return functools.partial(compile, **jit_options)
+    return CompiledFunction(fn, jit_options)

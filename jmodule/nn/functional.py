@@ -1,0 +1,134 @@
+"""Functional forms of the layers, as ``torch.nn.functional``.
+
+Functions take and return ``jax.Array``s (Parameters are accepted anywhere).
+Where PyTorch mutates an argument in place (``batch_norm``'s running
+statistics), JAX arrays are immutable: the function documents what it
+returns instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jmodule import random as _random
+from jmodule.nn.parameter import as_array
+
+__all__ = ["batch_norm", "dropout", "linear", "relu"]
+
+
+def linear(input: Any, weight: Any, bias: Any = None) -> jax.Array:
+    """``input @ weight.T + bias``, as ``torch.nn.functional.linear``.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.linear(jnp.ones((2, 3)), jnp.ones((4, 3))).shape
+    (2, 4)
+    """
+    out = jnp.matmul(as_array(input), as_array(weight).T)
+    if bias is not None:
+        out = out + as_array(bias)
+    return out
+
+
+def relu(input: Any, inplace: bool = False) -> jax.Array:
+    """max(input, 0). ``inplace`` is accepted; JAX returns a new array."""
+    return jax.nn.relu(as_array(input))
+
+
+def dropout(
+    input: Any,
+    p: float = 0.5,
+    training: bool = True,
+    inplace: bool = False,
+) -> jax.Array:
+    """Zero elements with probability ``p`` and scale the rest by ``1/(1-p)``.
+
+    The mask is drawn from the default generator (``jm.manual_seed``), which
+    compiled code threads through, so compiled and eager runs draw the same
+    masks.
+
+    Raises:
+        ValueError: ``p`` is outside [0, 1].
+    """
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    x = as_array(input)
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return jnp.zeros_like(x)
+    keep = jax.random.bernoulli(_random.next_key(), 1.0 - p, x.shape)
+    return jnp.where(keep, x / (1.0 - p), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
+def batch_norm_update(
+    input: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: Any = 0.1,
+    eps: float = 1e-5,
+) -> tuple[jax.Array, Any, Any]:
+    """Batch normalisation returning ``(output, new_running_mean, new_running_var)``.
+
+    The functional core of ``BatchNorm*``: statistics over every axis but 1;
+    in training mode the running statistics move by ``momentum`` towards the
+    batch mean and the unbiased batch variance.
+    """
+    x = as_array(input)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    shape = [1] * x.ndim
+    shape[1] = x.shape[1]
+    compute = jnp.promote_types(x.dtype, jnp.float32)
+    xc = x.astype(compute)
+    if training:
+        mean = jnp.mean(xc, axis=axes)
+        var = jnp.mean(jnp.square(xc - mean.reshape(shape)), axis=axes)
+        n = x.size // x.shape[1]
+        if n <= 1:
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got input size {x.shape}"
+            )
+        if running_mean is not None:
+            rm = as_array(running_mean)
+            rv = as_array(running_var)
+            m = jnp.asarray(momentum, compute)
+            running_mean = ((1 - m) * rm + m * jax.lax.stop_gradient(mean)).astype(rm.dtype)
+            unbiased = jax.lax.stop_gradient(var) * (n / (n - 1))
+            running_var = ((1 - m) * rv + m * unbiased).astype(rv.dtype)
+    else:
+        mean = as_array(running_mean).astype(compute)
+        var = as_array(running_var).astype(compute)
+    out = (xc - mean.reshape(shape)) * jax.lax.rsqrt(var.reshape(shape) + eps)
+    if weight is not None:
+        out = out * as_array(weight).astype(compute).reshape(shape)
+    if bias is not None:
+        out = out + as_array(bias).astype(compute).reshape(shape)
+    return out.astype(x.dtype), running_mean, running_var
+
+
+def batch_norm(
+    input: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> jax.Array:
+    """Batch normalisation, as ``torch.nn.functional.batch_norm``.
+
+    Difference from PyTorch: JAX arrays are immutable, so ``running_mean``
+    and ``running_var`` are *not* updated in place. Use the ``BatchNorm*``
+    modules (which keep them as buffers) or :func:`batch_norm_update`, which
+    returns the new statistics.
+    """
+    return batch_norm_update(
+        input, running_mean, running_var, weight, bias, training, momentum, eps
+    )[0]

@@ -1,0 +1,275 @@
+"""Parameter initialisation, as ``torch.nn.init``.
+
+Each ``*_`` function gives the Parameter a new value drawn from the default
+generator (or ``generator``) and returns the same Parameter, as PyTorch's
+in-place functions do. Given a plain ``jax.Array`` (immutable) they return
+the new array instead. On a meta parameter (no data) they do nothing, and on
+a sharded parameter they generate the value directly with its sharding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jmodule import random as _random
+from jmodule.nn.parameter import _ArrayLike
+
+__all__ = [
+    "calculate_gain",
+    "constant_",
+    "dirac_",
+    "eye_",
+    "kaiming_normal_",
+    "kaiming_uniform_",
+    "normal_",
+    "ones_",
+    "orthogonal_",
+    "trunc_normal_",
+    "uniform_",
+    "xavier_normal_",
+    "xavier_uniform_",
+    "zeros_",
+]
+
+
+def _value(tensor: Any) -> Any:
+    return tensor.__dict__["_value"] if isinstance(tensor, _ArrayLike) else tensor
+
+
+def _store(tensor: Any, new: Any) -> Any:
+    if isinstance(tensor, _ArrayLike):
+        tensor.__dict__["_value"] = new
+        return tensor
+    return new
+
+
+@functools.lru_cache(maxsize=256)
+def _sharded(fn: Callable, shape: tuple, dtype: Any, sharding: Any, n_keys: int) -> Callable:
+    return jax.jit(lambda *a: fn(*a, shape, dtype), out_shardings=sharding)
+
+
+def _fill(tensor: Any, fn: Callable, *args: Any, generator: Any = None, random: bool = True) -> Any:
+    """Set ``tensor`` to ``fn(*args, [key,] shape, dtype)`` placed like it."""
+    old = _value(tensor)
+    if isinstance(old, jax.ShapeDtypeStruct):
+        return tensor
+    if random:
+        args = ((generator or _random.default_generator).next_key(), *args)
+    sharding = getattr(old, "sharding", None)
+    if sharding is not None and len(sharding.device_set) > 1:
+        new = _sharded(fn, old.shape, old.dtype, sharding, len(args))(*args)
+    else:
+        new = fn(*args, old.shape, old.dtype)
+        if sharding is not None and new.sharding != sharding:
+            new = jax.device_put(new, sharding)
+    return _store(tensor, new)
+
+
+def _uniform(key, low, high, shape, dtype):
+    return jax.random.uniform(key, shape, jnp.float32, low, high).astype(dtype)
+
+
+def _normal(key, mean, std, shape, dtype):
+    return (mean + std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def _trunc_normal(key, mean, std, a, b, shape, dtype):
+    z = jax.random.truncated_normal(key, (a - mean) / std, (b - mean) / std, shape, jnp.float32)
+    return (mean + std * z).astype(dtype)
+
+
+def _full(value, shape, dtype):
+    return jnp.full(shape, value, dtype)
+
+
+def calculate_fan_in_and_fan_out(shape: tuple[int, ...]) -> tuple[int, int]:
+    """PyTorch's fan-in/fan-out of a weight shape (``(out, in, *kernel)``)."""
+    if len(shape) < 2:
+        raise ValueError(
+            "Fan in and fan out can not be computed for tensor with fewer than 2 dimensions"
+        )
+    receptive = math.prod(shape[2:]) if len(shape) > 2 else 1
+    return shape[1] * receptive, shape[0] * receptive
+
+
+_calculate_fan_in_and_fan_out = calculate_fan_in_and_fan_out
+
+
+def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
+    """The recommended gain for ``nonlinearity``, as ``torch.nn.init.calculate_gain``.
+
+    >>> from jmodule.nn import init
+    >>> round(init.calculate_gain("relu"), 4)
+    1.4142
+    """
+    linear = {
+        "linear",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    }
+    if nonlinearity in linear or nonlinearity == "sigmoid":
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        if param is None:
+            slope = 0.01
+        elif isinstance(param, (int, float)) and not isinstance(param, bool):
+            slope = param
+        else:
+            raise ValueError(f"negative_slope {param} not a valid number")
+        return math.sqrt(2.0 / (1 + slope**2))
+    if nonlinearity == "selu":
+        return 3.0 / 4
+    raise ValueError(f"Unsupported nonlinearity {nonlinearity}")
+
+
+def uniform_(tensor: Any, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Any:
+    """Fill with values drawn from U(a, b)."""
+    return _fill(tensor, _uniform, float(a), float(b), generator=generator)
+
+
+def normal_(tensor: Any, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Any:
+    """Fill with values drawn from N(mean, std²)."""
+    return _fill(tensor, _normal, float(mean), float(std), generator=generator)
+
+
+def trunc_normal_(
+    tensor: Any,
+    mean: float = 0.0,
+    std: float = 1.0,
+    a: float = -2.0,
+    b: float = 2.0,
+    generator: Any = None,
+) -> Any:
+    """Fill with N(mean, std²) values truncated to [a, b]."""
+    return _fill(
+        tensor, _trunc_normal, float(mean), float(std), float(a), float(b), generator=generator
+    )
+
+
+def constant_(tensor: Any, val: float) -> Any:
+    """Fill with ``val``."""
+    return _fill(tensor, _full, val, random=False)
+
+
+def zeros_(tensor: Any) -> Any:
+    """Fill with zeros."""
+    return constant_(tensor, 0)
+
+
+def ones_(tensor: Any) -> Any:
+    """Fill with ones."""
+    return constant_(tensor, 1)
+
+
+def eye_(tensor: Any) -> Any:
+    """Fill a 2-D tensor with the identity matrix."""
+    if len(_value(tensor).shape) != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    return _fill(tensor, lambda shape, dtype: jnp.eye(*shape, dtype=dtype), random=False)
+
+
+def dirac_(tensor: Any, groups: int = 1) -> Any:
+    """Fill a 3/4/5-D tensor with the Dirac delta (identity convolution)."""
+    shape = _value(tensor).shape
+    if len(shape) not in (3, 4, 5):
+        raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+    if shape[0] % groups != 0:
+        raise ValueError("dim 0 must be divisible by groups")
+    out_per_group = shape[0] // groups
+    min_dim = min(out_per_group, shape[1])
+
+    def make(shape: tuple, dtype: Any) -> jax.Array:
+        w = jnp.zeros(shape, dtype)
+        centre = tuple(s // 2 for s in shape[2:])
+        for g in range(groups):
+            for d in range(min_dim):
+                w = w.at[(g * out_per_group + d, d, *centre)].set(1)
+        return w
+
+    return _fill(tensor, make, random=False)
+
+
+def xavier_uniform_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
+    """Glorot uniform: U(-a, a) with a = gain·sqrt(6 / (fan_in + fan_out))."""
+    fan_in, fan_out = calculate_fan_in_and_fan_out(_value(tensor).shape)
+    bound = gain * math.sqrt(6.0 / float(fan_in + fan_out))
+    return uniform_(tensor, -bound, bound, generator)
+
+
+def xavier_normal_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
+    """Glorot normal: N(0, std²) with std = gain·sqrt(2 / (fan_in + fan_out))."""
+    fan_in, fan_out = calculate_fan_in_and_fan_out(_value(tensor).shape)
+    std = gain * math.sqrt(2.0 / float(fan_in + fan_out))
+    return normal_(tensor, 0.0, std, generator)
+
+
+def _kaiming_std(tensor: Any, a: float, mode: str, nonlinearity: str) -> float:
+    shape = _value(tensor).shape
+    if 0 in shape:
+        return 0.0
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"Mode {mode} not supported, please use one of fan_in, fan_out")
+    fan_in, fan_out = calculate_fan_in_and_fan_out(shape)
+    fan = fan_in if mode == "fan_in" else fan_out
+    return calculate_gain(nonlinearity, a) / math.sqrt(fan)
+
+
+def kaiming_uniform_(
+    tensor: Any,
+    a: float = 0,
+    mode: str = "fan_in",
+    nonlinearity: str = "leaky_relu",
+    generator: Any = None,
+) -> Any:
+    """He uniform: U(-b, b) with b = gain·sqrt(3 / fan)."""
+    if 0 in _value(tensor).shape:
+        return tensor
+    bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
+    return uniform_(tensor, -bound, bound, generator)
+
+
+def kaiming_normal_(
+    tensor: Any,
+    a: float = 0,
+    mode: str = "fan_in",
+    nonlinearity: str = "leaky_relu",
+    generator: Any = None,
+) -> Any:
+    """He normal: N(0, std²) with std = gain / sqrt(fan)."""
+    if 0 in _value(tensor).shape:
+        return tensor
+    return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity), generator)
+
+
+def _orthogonal(key, gain, shape, dtype):
+    rows = shape[0]
+    cols = math.prod(shape[1:])
+    flat = jax.random.normal(key, (rows, cols), jnp.float32)
+    if rows < cols:
+        flat = flat.T
+    q, r = jnp.linalg.qr(flat)
+    q = q * jnp.sign(jnp.diagonal(r))
+    if rows < cols:
+        q = q.T
+    return (gain * q).reshape(shape).astype(dtype)
+
+
+def orthogonal_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
+    """Fill with a (semi-)orthogonal matrix, as ``torch.nn.init.orthogonal_``."""
+    if len(_value(tensor).shape) < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    return _fill(tensor, _orthogonal, float(gain), generator=generator)

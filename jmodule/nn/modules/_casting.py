@@ -1,0 +1,216 @@
+"""Moving and casting modules: ``to``, ``cuda``, ``half``, ``type``, ``to_empty``.
+
+Every parameter keeps its identity (optimizers holding it stay valid): only
+its value is replaced. Placement is ``jax.device_put`` onto a ``jax.Device``
+or ``jax.sharding.Sharding``; casts are ``astype``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmodule import device as _device
+from jmodule._lowering import binding
+from jmodule.nn.parameter import Parameter
+
+T = TypeVar("T")
+
+
+def _floating_or_complex(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
+
+
+def _is_dtype(x: Any) -> bool:
+    if isinstance(x, (str, bool, int, _device.device, jax.Device, jax.sharding.Sharding)):
+        return False
+    if isinstance(x, (jax.Array, np.ndarray, Parameter)):
+        return False
+    try:
+        jnp.dtype(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, Any, bool]:
+    """PyTorch's ``to`` overloads -> (placement or None, dtype or None, non_blocking)."""
+    place = kwargs.pop("device", None)
+    dtype = kwargs.pop("dtype", None)
+    non_blocking = kwargs.pop("non_blocking", False)
+    memory_format = kwargs.pop("memory_format", None)
+    copy = kwargs.pop("copy", False)
+    del copy
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword argument(s) {sorted(kwargs)}")
+    _device.check_memory_format(memory_format)
+    positional = list(args)
+    if positional and isinstance(positional[-1], bool):
+        non_blocking = positional.pop()
+    for arg in positional:
+        if arg is None:
+            continue
+        if isinstance(arg, (jax.Array, Parameter)) or type(arg).__module__.startswith("torch"):
+            value = arg.data if isinstance(arg, Parameter) else arg
+            dtype = jnp.dtype(str(value.dtype).replace("torch.", ""))
+            if isinstance(value, jax.Array):
+                place = value.sharding
+            continue
+        if _device.is_memory_format(arg):
+            continue
+        if _is_dtype(arg):
+            dtype = arg
+        else:
+            place = arg
+    if place is not None:
+        place = _device.resolve(place)
+    if dtype is not None:
+        dtype = _device.canonical_dtype(dtype)
+        if not _floating_or_complex(dtype):
+            raise TypeError(
+                f"nn.Module.to only accepts floating point or complex dtypes, but got desired "
+                f"dtype={dtype}"
+            )
+    return place, dtype, bool(non_blocking)
+
+
+def _move(value: Any, place: Any) -> Any:
+    if isinstance(place, _device.device):  # meta
+        return jax.ShapeDtypeStruct(value.shape, value.dtype)
+    if isinstance(value, jax.ShapeDtypeStruct):
+        raise RuntimeError(
+            "Cannot copy out of meta tensor; no data! Please use Module.to_empty() to "
+            "allocate the module's parameters on a device, then initialise them (for example "
+            "with reset_parameters() or load_state_dict)."
+        )
+    return jax.device_put(value, place)
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(value.shape, dtype, sharding=value.sharding)
+    return value.astype(dtype)
+
+
+class CastingMixin:
+    """Device and dtype conversions of :class:`~jmodule.nn.Module`."""
+
+    def _apply(self: T, fn: Callable[[Any], Any], recurse: bool = True) -> T:
+        """Replace every parameter value, grad and buffer by ``fn(value)``."""
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
+        for param in self._parameters.values():
+            if param is not None:
+                param.__dict__["_value"] = fn(param.__dict__["_value"])
+                if param.grad is not None:
+                    param.grad = fn(param.grad)
+        for name, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[name] = fn(buf)
+        binding.bump()
+        return self
+
+    def to(self: T, *args: Any, **kwargs: Any) -> T:
+        """Move and/or cast parameters and buffers, as ``torch.nn.Module.to``.
+
+        Forms: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
+        ``to(array)`` (its dtype and sharding), ``to(memory_format=...)``,
+        each with ``non_blocking``. A device is ``"cpu"``, ``"cuda:N"``, an
+        int, a ``jm.device``, a ``jax.Device`` or a ``jax.sharding.Sharding``.
+        Only floating and complex values change dtype; integer ones only
+        move. ``memory_format`` is accepted and does nothing (XLA chooses
+        layouts); ``non_blocking`` too (JAX transfers are asynchronous).
+
+        Raises:
+            DeviceError: JAX cannot see the device (the message lists those it can).
+            DtypeError: a 64-bit dtype while JAX's x64 mode is off.
+
+        >>> import jmodule as jm
+        >>> m = jm.nn.Linear(2, 2).to(jm.bfloat16)
+        >>> m.weight.dtype
+        dtype(bfloat16)
+        """
+        place, dtype, _ = _parse_to(args, dict(kwargs))
+
+        def convert(value: Any) -> Any:
+            if dtype is not None and _floating_or_complex(value.dtype):
+                value = _cast(value, dtype)
+            if place is not None:
+                value = _move(value, place)
+            return value
+
+        return self._apply(convert)
+
+    def _to_device(self: T, kind: str, index: Any) -> T:
+        if isinstance(index, (_device.device, str, jax.Device)):
+            return self.to(index)
+        return self.to(_device.device(kind, index))
+
+    def cpu(self: T) -> T:
+        """Move everything to the CPU."""
+        return self.to("cpu")
+
+    def cuda(self: T, device: Any = None) -> T:
+        """Move everything to CUDA device ``device`` (an index; default 0)."""
+        return self._to_device("cuda", device)
+
+    def ipu(self: T, device: Any = None) -> T:
+        """Move to an IPU (a JAX platform named ``ipu`` must exist)."""
+        return self._to_device("ipu", device)
+
+    def xpu(self: T, device: Any = None) -> T:
+        """Move to an XPU (a JAX platform named ``xpu`` must exist)."""
+        return self._to_device("xpu", device)
+
+    def mtia(self: T, device: Any = None) -> T:
+        """Move to an MTIA device (a JAX platform named ``mtia`` must exist)."""
+        return self._to_device("mtia", device)
+
+    def _cast_floating(self: T, dtype: Any) -> T:
+        dtype = _device.canonical_dtype(dtype)
+        return self._apply(
+            lambda v: _cast(v, dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+        )
+
+    def half(self: T) -> T:
+        """Cast floating-point parameters and buffers to float16."""
+        return self._cast_floating(jnp.float16)
+
+    def float(self: T) -> T:
+        """Cast floating-point parameters and buffers to float32."""
+        return self._cast_floating(jnp.float32)
+
+    def double(self: T) -> T:
+        """Cast floating-point parameters and buffers to float64 (needs JAX's x64 mode).
+
+        Raises:
+            DtypeError: x64 mode is off; the message says how to turn it on.
+        """
+        return self._cast_floating(jnp.float64)
+
+    def bfloat16(self: T) -> T:
+        """Cast floating-point parameters and buffers to bfloat16."""
+        return self._cast_floating(jnp.bfloat16)
+
+    def type(self: T, dst_type: Any) -> T:
+        """Cast every parameter and buffer, integer ones included, to ``dst_type``."""
+        dtype = _device.canonical_dtype(dst_type)
+        return self._apply(lambda v: _cast(v, dtype))
+
+    def to_empty(self: T, *, device: Any, recurse: bool = True) -> T:
+        """Allocate every parameter and buffer on ``device`` without initialising them.
+
+        The values are zeros (JAX has no uninitialised memory). Use it after
+        building under ``jm.device("meta")``, then call ``reset_parameters()``
+        or ``load_state_dict``. ``device`` may be a ``jax.sharding.Sharding``
+        so each array is allocated already sharded.
+        """
+        place = _device.resolve(device)
+        if isinstance(place, _device.device):
+            return self._apply(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), recurse)
+        return self._apply(lambda v: jnp.zeros(v.shape, v.dtype, device=place), recurse)

@@ -1,0 +1,87 @@
+"""``Identity`` and ``Linear``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+
+from jmodule import _factory
+from jmodule.nn import functional as F
+from jmodule.nn import init
+from jmodule.nn.modules.module import Module
+from jmodule.nn.parameter import Parameter
+
+__all__ = ["Identity", "Linear"]
+
+
+class Identity(Module):
+    """Returns its input; ignores constructor arguments, as PyTorch's does.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.Identity(54, unused="x")(jnp.ones(2))
+    Array([1., 1.], dtype=float32)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def forward(self, input: Any) -> Any:
+        return input
+
+
+class Linear(Module):
+    """``y = x @ W.T + b`` with PyTorch's parameter names, shapes and init.
+
+    ``weight`` is ``(out_features, in_features)`` drawn from
+    ``kaiming_uniform_(a=sqrt(5))``; ``bias`` from U(-1/sqrt(in), 1/sqrt(in)).
+
+    Args:
+        in_features: size of each input sample.
+        out_features: size of each output sample.
+        bias: learn an additive bias.
+        device: where to allocate (default: the current ``jm.device`` context).
+        dtype: parameter dtype (default float32).
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.Linear(3, 2)(jnp.ones((4, 3))).shape
+    (4, 2)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(_factory.empty((out_features, in_features), dtype, device))
+        if bias:
+            self.bias = Parameter(_factory.empty((out_features,), dtype, device))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draw the parameters from PyTorch's default distributions."""
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight.shape)
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Any) -> jax.Array:
+        return F.linear(input, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )

@@ -1,0 +1,539 @@
+"""``Module``: PyTorch's module object model over JAX arrays.
+
+The class keeps *structure* (submodules, hooks, mode, names) in ordinary
+Python attributes and *state* (parameter values, buffers) in slots that the
+lowering machinery (``jmodule._lowering``) can read and write without walking
+the tree. Registration, lookup and iteration live here; hooks and the call
+path in ``_call.py``; ``state_dict`` in ``_state_dict.py``; device and dtype
+moves in ``_casting.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+
+from jmodule._lowering import binding
+from jmodule.nn.modules._call import CallMixin
+from jmodule.nn.modules._casting import CastingMixin
+from jmodule.nn.modules._state_dict import StateDictMixin
+from jmodule.nn.parameter import Buffer, Parameter, as_array
+
+__all__ = ["Module"]
+
+T = TypeVar("T", bound="Module")
+
+_stamps = itertools.count()
+
+# Attributes whose assignment is not a structural change of the module.
+_UNSTAMPED = frozenset({"training", "_compiled", "_jm_desc", "_compile_options"})
+
+
+def _typename(obj: Any) -> str:
+    if isinstance(obj, jax.Array):
+        return "jax.Array"
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+
+
+class Module(CallMixin, StateDictMixin, CastingMixin):
+    """Base class for all neural network modules, as ``torch.nn.Module``.
+
+    Subclass it, assign layers and parameters as attributes in ``__init__``
+    and write ``forward``. Calling the module runs ``forward`` eagerly with
+    its hooks; after ``compile()`` calls run as one XLA program.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> class Net(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = nn.Linear(4, 2)
+    ...
+    ...     def forward(self, x):
+    ...         return self.fc(x).sum(-1)
+    >>> Net()(jnp.ones((3, 4))).shape
+    (3,)
+    """
+
+    training: bool
+    _version: int = 1
+    _compiled: Any = None
+    dump_patches: bool = False
+    call_super_init: bool = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:
+            raise TypeError(
+                f"{type(self).__name__}.__init__() got unexpected arguments {args} {kwargs}: "
+                "Module.__init__ takes none"
+            )
+        d = self.__dict__
+        d["training"] = True
+        d["_parameters"] = {}
+        d["_buffers"] = {}
+        d["_non_persistent_buffers_set"] = set()
+        d["_modules"] = {}
+        for name in (
+            "_forward_pre_hooks",
+            "_forward_pre_hooks_with_kwargs",
+            "_forward_hooks",
+            "_forward_hooks_with_kwargs",
+            "_forward_hooks_always_called",
+            "_state_dict_hooks",
+            "_state_dict_pre_hooks",
+            "_load_state_dict_pre_hooks",
+            "_load_state_dict_post_hooks",
+        ):
+            d[name] = OrderedDict()
+        d["_stamp"] = next(_stamps)
+        binding.bump()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f'Module [{type(self).__name__}] is missing the required "forward" function'
+        )
+
+    # ------------------------------------------------------------------ registration
+
+    def _check_new_name(self, kind: str, name: Any, own: dict) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"{kind} name should be a string. Got {_typename(name)}")
+        if "." in name:
+            raise KeyError(f'{kind} name can\'t contain ".", got: {name}')
+        if name == "":
+            raise KeyError(f'{kind} name can\'t be empty string ""')
+        if hasattr(self, name) and name not in own:
+            raise KeyError(f"attribute '{name}' already exists")
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Add a parameter (or a ``None`` placeholder) under ``name``.
+
+        Raises:
+            TypeError: ``param`` is neither a Parameter nor None.
+            KeyError: the name is empty, has a dot, or is taken by another attribute.
+        """
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign parameter before Module.__init__() call")
+        self._check_new_name("parameter", name, self._parameters)
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(
+                f"cannot assign '{_typename(param)}' object to parameter '{name}' "
+                "(jmodule.nn.Parameter or None required)"
+            )
+        self._parameters[name] = param
+        binding.bump()
+
+    def register_buffer(self, name: str, tensor: Any, persistent: bool = True) -> None:
+        """Add a buffer: state that is not a parameter (e.g. running statistics).
+
+        Args:
+            name: attribute name.
+            tensor: a ``jax.Array`` (numpy arrays are converted), or None.
+            persistent: whether it is part of ``state_dict()``.
+        """
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        self._check_new_name("buffer", name, self._buffers)
+        if isinstance(tensor, Buffer):
+            tensor = tensor.data
+        if tensor is not None and not _is_array(tensor):
+            raise TypeError(
+                f"cannot assign '{_typename(tensor)}' object to buffer '{name}' "
+                "(jax.Array or None required)"
+            )
+        self._buffers[name] = None if tensor is None else as_array(tensor)
+        if persistent:
+            self._non_persistent_buffers_set.discard(name)
+        else:
+            self._non_persistent_buffers_set.add(name)
+        binding.bump()
+
+    def add_module(self, name: str, module: Module | None) -> None:
+        """Add a child module under ``name`` (``None`` is a placeholder)."""
+        if not isinstance(module, Module) and module is not None:
+            raise TypeError(f"{_typename(module)} is not a Module subclass")
+        self._check_new_name("module", name, self._modules)
+        self._modules[name] = module
+        binding.bump()
+
+    def register_module(self, name: str, module: Module | None) -> None:
+        """Alias for :meth:`add_module`."""
+        self.add_module(name, module)
+
+    # ------------------------------------------------------------------ attribute routing
+
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        for store in ("_parameters", "_buffers", "_modules"):
+            members = d.get(store)
+            if members is not None and name in members:
+                return members[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        d = self.__dict__
+        params = d.get("_parameters")
+        if isinstance(value, Parameter):
+            if params is None:
+                raise AttributeError("cannot assign parameters before Module.__init__() call")
+            self._forget(name, keep="_parameters")
+            self.register_parameter(name, value)
+            return
+        if params is not None and name in params:
+            if value is not None:
+                raise TypeError(
+                    f"cannot assign '{_typename(value)}' as parameter '{name}' "
+                    "(jmodule.nn.Parameter or None expected)"
+                )
+            self.register_parameter(name, value)
+            return
+        modules = d.get("_modules")
+        if isinstance(value, Module):
+            if modules is None:
+                raise AttributeError("cannot assign module before Module.__init__() call")
+            self._forget(name, keep="_modules")
+            modules[name] = value
+            binding.bump()
+            return
+        if modules is not None and name in modules:
+            if value is not None:
+                raise TypeError(
+                    f"cannot assign '{_typename(value)}' as child module '{name}' "
+                    "(jmodule.nn.Module or None expected)"
+                )
+            modules[name] = value
+            binding.bump()
+            return
+        buffers = d.get("_buffers")
+        if isinstance(value, Buffer):
+            if buffers is None:
+                raise AttributeError("cannot assign buffer before Module.__init__() call")
+            self._forget(name, keep="_buffers")
+            self.register_buffer(name, value.data, value.persistent)
+            return
+        if buffers is not None and name in buffers:
+            self._set_buffer(buffers, name, value)
+            return
+        if isinstance(value, jax.core.Tracer):
+            raise binding.TracerLeakError(
+                binding.LEAK_HELP.format(
+                    what=f"attribute '{name}' of {type(self).__name__}"
+                    f" (use self.register_buffer('{name}', ...) to carry it across calls)"
+                )
+            )
+        object.__setattr__(self, name, value)
+        if name not in _UNSTAMPED:
+            d["_stamp"] = next(_stamps)
+            binding.bump()
+
+    def _set_buffer(self, buffers: dict, name: str, value: Any) -> None:
+        if value is not None and not _is_array(value):
+            raise TypeError(
+                f"cannot assign '{_typename(value)}' as buffer '{name}' "
+                "(jmodule.nn.Buffer, jax.Array or None expected)"
+            )
+        if isinstance(value, jax.core.Tracer) and not binding.is_bound(buffers):
+            raise binding.TracerLeakError(
+                f"Buffer '{name}' of {type(self).__name__} was assigned a traced value, but "
+                "this module's state is not part of the program being traced (a bare "
+                "jax.jit/jax.grad around a module call, or a module used inside jm.compile "
+                "without being passed as an argument). Compile with model.compile() or pass "
+                "the module to the jm.compile'd function as an argument."
+            )
+        if isinstance(value, np.ndarray):
+            value = as_array(value)
+        if (buffers[name] is None) != (value is None):
+            binding.bump()
+        buffers[name] = value
+
+    def _forget(self, name: str, keep: str) -> None:
+        d = self.__dict__
+        d.pop(name, None)
+        for store in ("_parameters", "_buffers", "_modules"):
+            if store != keep:
+                d[store].pop(name, None)
+        if keep != "_buffers":
+            d["_non_persistent_buffers_set"].discard(name)
+
+    def __delattr__(self, name: str) -> None:
+        d = self.__dict__
+        for store in ("_parameters", "_buffers", "_modules"):
+            if name in d[store]:
+                del d[store][name]
+                d["_non_persistent_buffers_set"].discard(name)
+                binding.bump()
+                return
+        object.__delattr__(self, name)
+        d["_stamp"] = next(_stamps)
+        binding.bump()
+
+    def __dir__(self) -> list[str]:
+        keys = [*dir(type(self)), *self.__dict__, *self._parameters, *self._modules]
+        keys += list(self._buffers)
+        return sorted(k for k in set(keys) if not k[0].isdigit())
+
+    # ------------------------------------------------------------------ lookup
+
+    def _get_name(self) -> str:
+        return type(self).__name__
+
+    def get_submodule(self, target: str) -> Module:
+        """The submodule at dotted path ``target`` (``""`` is ``self``).
+
+        Raises:
+            AttributeError: a path element does not exist or is not a Module.
+        """
+        if target == "":
+            return self
+        mod: Module = self
+        for item in target.split("."):
+            if not hasattr(mod, item):
+                raise AttributeError(f"{mod._get_name()} has no attribute `{item}`")
+            mod = getattr(mod, item)
+            if not isinstance(mod, Module):
+                raise AttributeError(f"`{item}` is not an nn.Module")
+        return mod
+
+    def set_submodule(self, target: str, module: Module, strict: bool = False) -> None:
+        """Set the submodule at dotted path ``target``.
+
+        Args:
+            target: dotted path to the submodule.
+            module: the module to put there.
+            strict: when True, the final attribute must already exist.
+
+        Raises:
+            ValueError: ``target`` is empty or ``module`` is not a Module.
+            AttributeError: the path does not resolve, or (``strict``) the
+                attribute does not exist, or it exists and is not a Module.
+        """
+        if target == "":
+            raise ValueError("Cannot set the submodule without a target name!")
+        atoms = target.split(".")
+        if not isinstance(module, Module):
+            raise ValueError(f"`module` is not an nn.Module, found {type(module)}")
+        parent = self if len(atoms) == 1 else self.get_submodule(".".join(atoms[:-1]))
+        if strict and not hasattr(parent, atoms[-1]):
+            raise AttributeError(parent._get_name() + " has no attribute `" + atoms[-1] + "`")
+        if hasattr(parent, atoms[-1]) and not isinstance(getattr(parent, atoms[-1]), Module):
+            raise AttributeError("`" + atoms[-1] + "` is not an nn.Module")
+        setattr(parent, atoms[-1], module)
+
+    def _get_member(self, target: str, store: str, kind: str) -> Any:
+        module_path, _, name = target.rpartition(".")
+        mod = self.get_submodule(module_path)
+        if not hasattr(mod, name):
+            raise AttributeError(mod._get_name() + " has no attribute `" + name + "`")
+        if name not in mod.__dict__[store]:
+            raise AttributeError("`" + name + f"` is not a {kind}")
+        return mod.__dict__[store][name]
+
+    def get_parameter(self, target: str) -> Parameter:
+        """The parameter at dotted path ``target``.
+
+        Raises:
+            AttributeError: the path does not resolve or is not a parameter.
+        """
+        return self._get_member(target, "_parameters", "nn.Parameter")
+
+    def get_buffer(self, target: str) -> jax.Array:
+        """The buffer at dotted path ``target``.
+
+        Raises:
+            AttributeError: the path does not resolve or is not a buffer.
+        """
+        return self._get_member(target, "_buffers", "buffer")
+
+    # ------------------------------------------------------------------ iteration
+
+    def named_modules(
+        self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, Module]]:
+        """All modules in the tree (self first, depth first), with dotted names."""
+        if memo is None:
+            memo = set()
+        if self in memo:
+            return
+        if remove_duplicate:
+            memo.add(self)
+        yield prefix, self
+        for name, module in self._modules.items():
+            if module is None:
+                continue
+            sub = prefix + ("." if prefix else "") + name
+            yield from module.named_modules(memo, sub, remove_duplicate)
+
+    def modules(self) -> Iterator[Module]:
+        """All modules in the tree, self first."""
+        for _, module in self.named_modules():
+            yield module
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        """Immediate children, each module once."""
+        memo = set()
+        for name, module in self._modules.items():
+            if module is not None and module not in memo:
+                memo.add(module)
+                yield name, module
+
+    def children(self) -> Iterator[Module]:
+        """Immediate children, each module once."""
+        for _, module in self.named_children():
+            yield module
+
+    def _named_members(
+        self,
+        get_members: Callable[[Module], Any],
+        prefix: str = "",
+        recurse: bool = True,
+        remove_duplicate: bool = True,
+    ) -> Iterator[tuple[str, Any]]:
+        memo: set[int] = set()
+        modules = (
+            self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
+            if recurse
+            else [(prefix, self)]
+        )
+        for module_prefix, module in modules:
+            for k, v in get_members(module):
+                if v is None or id(v) in memo:
+                    continue
+                if remove_duplicate:
+                    memo.add(id(v))
+                yield module_prefix + ("." if module_prefix else "") + k, v
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, Parameter]]:
+        """Parameters with dotted names; tied parameters once unless asked."""
+        return self._named_members(
+            lambda m: m._parameters.items(), prefix, recurse, remove_duplicate
+        )
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        """Parameters of this module (and its descendants with ``recurse``)."""
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, jax.Array]]:
+        """Buffers with dotted names."""
+        return self._named_members(lambda m: m._buffers.items(), prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse: bool = True) -> Iterator[jax.Array]:
+        """Buffers of this module (and its descendants with ``recurse``)."""
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    # ------------------------------------------------------------------ modes
+
+    def apply(self: T, fn: Callable[[Module], None]) -> T:
+        """Call ``fn`` on every submodule (children first), then on self."""
+        for module in self.children():
+            module.apply(fn)
+        fn(self)
+        return self
+
+    def train(self: T, mode: bool = True) -> T:
+        """Set training mode on this module and all descendants."""
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        self.__dict__["training"] = mode
+        for module in self.children():
+            module.train(mode)
+        binding.bump()
+        return self
+
+    def eval(self: T) -> T:
+        """Set evaluation mode (``train(False)``)."""
+        return self.train(False)
+
+    def requires_grad_(self: T, requires_grad: bool = True) -> T:
+        """Set ``requires_grad`` on every parameter."""
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's ``.grad`` (to None, or to zeros)."""
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad = None if set_to_none else jax.numpy.zeros_like(p.grad)
+
+    def share_memory(self: T) -> T:
+        """No-op returning self: JAX arrays are immutable, so there is nothing to share.
+
+        PyTorch moves storages to shared memory for ``torch.multiprocessing``;
+        with JAX, pass arrays between processes explicitly.
+        """
+        return self
+
+    # ------------------------------------------------------------------ repr
+
+    def extra_repr(self) -> str:
+        """Extra text shown inside this module's ``repr`` (override it)."""
+        return ""
+
+    def __repr__(self) -> str:
+        extra = self.extra_repr()
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = []
+        for key, module in self._modules.items():
+            text = _indent(repr(module), 2)
+            child_lines.append(f"({key}): {text}")
+        lines = extra_lines + child_lines
+        main = self._get_name() + "("
+        if lines:
+            if len(extra_lines) == 1 and not child_lines:
+                main += extra_lines[0]
+            else:
+                main += "\n  " + "\n  ".join(lines) + "\n"
+        return main + ")"
+
+    def _repr_html_(self) -> str:
+        from jmodule._display import module_html
+
+        return module_html(self)
+
+    def _jm_describe(self) -> Any:
+        """Structure key and state slots, for compiled programs (cached per epoch)."""
+        from jmodule._lowering.structure import describe
+
+        return describe(self)
+
+    # ------------------------------------------------------------------ pickling
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        compiled = state.pop("_compiled", None)
+        state.pop("_jm_desc", None)
+        if compiled is not None:
+            state["_compile_options"] = compiled.options
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        options = state.pop("_compile_options", None)
+        self.__dict__.update(state)
+        self.__dict__["_stamp"] = next(_stamps)
+        binding.bump()
+        if options is not None:
+            self.compile(**options)
+
+
+def _indent(text: str, spaces: int) -> str:
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return text
+    pad = " " * spaces
+    return lines[0] + "\n" + "\n".join(pad + line for line in lines[1:])

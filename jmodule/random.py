@@ -1,0 +1,124 @@
+"""Random-number generators: PyTorch's seeding API over JAX keys.
+
+A :class:`Generator` holds one JAX PRNG key. Each draw splits it: the
+generator keeps one half and the draw uses the other, so a sequence of draws
+is a pure function of the seed. Compiled code (``model.compile()``,
+``jm.compile``) threads the default generator's key in and out of the program,
+so compiled and eager runs draw the same numbers in the same order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jmodule._lowering import binding
+
+__all__ = ["Generator", "default_generator", "initial_seed", "manual_seed", "seed"]
+
+_DEFAULT_SEED = 67280421310721  # PyTorch's default seed
+
+
+def _make_key(seed: int) -> jax.Array:
+    return jax.random.key(seed % (1 << 32))
+
+
+class Generator:
+    """An explicit random stream, as ``torch.Generator``.
+
+    Args:
+        device: accepted for PyTorch compatibility; keys are placed by JAX.
+
+    >>> import jmodule as jm
+    >>> g = jm.Generator().manual_seed(0)
+    >>> g.initial_seed()
+    0
+    """
+
+    def __init__(self, device: object = None):
+        self.device = device
+        self._seed = _DEFAULT_SEED
+        self._key = _make_key(self._seed)
+
+    def manual_seed(self, seed: int) -> Generator:
+        """Reseed; returns the generator, as PyTorch does."""
+        seed = int(seed)
+        self._seed = seed
+        self._key = _make_key(seed)
+        return self
+
+    def seed(self) -> int:
+        """Seed from a non-deterministic source and return the seed."""
+        import secrets
+
+        return self.manual_seed(secrets.randbits(63))._seed
+
+    def initial_seed(self) -> int:
+        """The seed last set."""
+        return self._seed
+
+    def get_state(self) -> jax.Array:
+        """The raw key data (a uint32 array), for saving."""
+        return jax.random.key_data(self._key)
+
+    def set_state(self, state: jax.Array) -> None:
+        """Restore a state returned by :meth:`get_state`."""
+        self._key = jax.random.wrap_key_data(jnp.asarray(state, dtype=jnp.uint32))
+
+    def next_key(self) -> jax.Array:
+        """Split off and return a fresh key, advancing the stream.
+
+        Raises:
+            RuntimeError: called inside a JAX trace that jmodule does not
+                manage (the new key would leak out of the trace), or on an
+                explicit generator inside compiled code.
+        """
+        key = self._key
+        if isinstance(key, jax.core.Tracer):
+            if not binding.is_bound(self.__dict__):
+                raise RuntimeError(_FOREIGN_TRACE)
+        elif binding.tracing():
+            raise RuntimeError(
+                "An explicit jm.Generator was used inside compiled code. Only the default "
+                "generator (seeded by jm.manual_seed) is threaded through compiled programs; "
+                "draw from it instead, or pass keys in as arguments."
+            )
+        new, sub = jax.random.split(key)
+        if isinstance(new, jax.core.Tracer) and not binding.is_bound(self.__dict__):
+            raise RuntimeError(_FOREIGN_TRACE)
+        self._key = new
+        return sub
+
+
+_FOREIGN_TRACE = (
+    "A random draw (dropout, init, ...) happened inside a JAX transformation that jmodule "
+    "does not manage (e.g. a bare jax.jit around a module call), so the generator's new key "
+    "would leak out of the trace. Compile with model.compile() or jm.compile(fn), which "
+    "thread the key in and out, or run the module eagerly."
+)
+
+default_generator = Generator()
+
+
+def manual_seed(seed: int) -> Generator:
+    """Seed the default generator, as ``torch.manual_seed``.
+
+    >>> import jmodule as jm
+    >>> _ = jm.manual_seed(0)
+    """
+    return default_generator.manual_seed(seed)
+
+
+def seed() -> int:
+    """Seed the default generator non-deterministically; returns the seed."""
+    return default_generator.seed()
+
+
+def initial_seed() -> int:
+    """The default generator's seed."""
+    return default_generator.initial_seed()
+
+
+def next_key(generator: Generator | None = None) -> jax.Array:
+    """A fresh key from ``generator`` or the default generator."""
+    return (generator or default_generator).next_key()
