@@ -10,7 +10,9 @@
 
 from jmodule import nn as nn
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
+from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile as compile
+from jmodule._lowering.compiled import compile_stats as compile_stats
 from jmodule.device import DeviceError as DeviceError
 from jmodule.device import DtypeError as DtypeError
 from jmodule.device import bfloat16 as bfloat16

@@ -242,6 +242,8 @@ def resolve(spec: Any) -> jax.Device | jax.sharding.Sharding | device:
     """
     if isinstance(spec, (jax.Device, jax.sharding.Sharding)):
         return spec
+    if type(spec).__module__ == "torch":  # a torch.device
+        spec = str(spec)
     if isinstance(spec, int) and not isinstance(spec, builtins.bool):
         spec = device("cuda", spec)
     d = spec if isinstance(spec, device) else device(spec)

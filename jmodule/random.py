@@ -20,7 +20,9 @@ _DEFAULT_SEED = 67280421310721  # PyTorch's default seed
 
 
 def _make_key(seed: int) -> jax.Array:
-    return jax.random.key(seed % (1 << 32))
+    # A raw uint32 key (not a typed key array): it crosses jax.jit boundaries
+    # on the C++ fast path, which typed keys do not.
+    return jax.random.PRNGKey(seed % (1 << 32))
 
 
 class Generator:
@@ -59,11 +61,11 @@ class Generator:
 
     def get_state(self) -> jax.Array:
         """The raw key data (a uint32 array), for saving."""
-        return jax.random.key_data(self._key)
+        return self._key
 
     def set_state(self, state: jax.Array) -> None:
         """Restore a state returned by :meth:`get_state`."""
-        self._key = jax.random.wrap_key_data(jnp.asarray(state, dtype=jnp.uint32))
+        self._key = jnp.asarray(state, dtype=jnp.uint32)
 
     def next_key(self) -> jax.Array:
         """Split off and return a fresh key, advancing the stream.

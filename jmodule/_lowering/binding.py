@@ -63,44 +63,62 @@ def is_bound(container: dict) -> bool:
     return any(cid in bound for bound in getattr(_local, "stack", ()))
 
 
-def _holds_tracer(value: Any) -> bool:
+def _new_tracer(value: Any, allowed: set[int]) -> bool:
+    """True when ``value`` is, or directly holds, a tracer not in ``allowed``."""
     if isinstance(value, jax.core.Tracer):
-        return True
+        return id(value) not in allowed
     if isinstance(value, (list, tuple)):
-        return any(isinstance(v, jax.core.Tracer) for v in value)
-    if isinstance(value, dict):
-        return any(isinstance(v, jax.core.Tracer) for v in value.values())
-    return False
+        items: Any = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        return False
+    return any(isinstance(v, jax.core.Tracer) and id(v) not in allowed for v in items)
 
 
-def _snapshot(module: Any) -> tuple[dict, ...]:
+def _snapshot(module: Any) -> tuple:
     d = module.__dict__
-    return dict(d), dict(d["_parameters"]), dict(d["_buffers"]), dict(d["_modules"])
+    # Containers held in attributes are copied too, so an append or item
+    # assignment made during a failed trace can be undone in place.
+    contents = {
+        id(v): (v, list(v) if isinstance(v, list) else dict(v))
+        for v in d.values()
+        if type(v) in (list, dict)
+    }
+    return dict(d), dict(d["_parameters"]), dict(d["_buffers"]), dict(d["_modules"]), contents
 
 
-def _restore(module: Any, snap: tuple[dict, ...]) -> None:
+def _restore(module: Any, snap: tuple) -> None:
     d = module.__dict__
-    for live, saved in zip((d["_parameters"], d["_buffers"], d["_modules"]), snap[1:]):
+    state, *_, contents = snap
+    for live, saved in zip((d["_parameters"], d["_buffers"], d["_modules"]), snap[1:4]):
         live.clear()
         live.update(saved)
-    parameters, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
+    for container, saved in contents.values():
+        if isinstance(container, list):
+            container[:] = saved
+        else:
+            container.clear()
+            container.update(saved)
     d.clear()
-    d.update(snap[0])
-    d["_parameters"], d["_buffers"], d["_modules"] = parameters, buffers, modules
+    d.update(state)
 
 
-def find_leak(named_modules: Sequence[tuple[str, Any]]) -> str | None:
-    """Describe the first traced value left in a module after a trace, if any."""
+def find_leak(named_modules: Sequence[tuple[str, Any]], allowed: set[int]) -> str | None:
+    """Describe the first traced value left in a module after a trace, if any.
+
+    Tracers in ``allowed`` (those an enclosing trace had put there) are fine.
+    """
     for path, m in named_modules:
         where = f"'{path}' ({type(m).__name__})" if path else f"the root ({type(m).__name__})"
         for name, value in m.__dict__.items():
-            if _holds_tracer(value):
+            if _new_tracer(value, allowed):
                 return f"attribute '{name}' of {where}"
         for name, p in m._parameters.items():
-            if p is not None and isinstance(getattr(p, "_value", p), jax.core.Tracer):
+            if p is not None and _new_tracer(p.__dict__["_value"], allowed):
                 return f"parameter '{name}' of {where}"
         for name, b in m._buffers.items():
-            if isinstance(b, jax.core.Tracer):
+            if _new_tracer(b, allowed):
                 return f"buffer '{name}' of {where}"
     return None
 
@@ -139,7 +157,16 @@ def bound(
         stack.pop()
         for (c, k), v in zip(slots, olds):
             c[k] = v
-        leak = find_leak(named_modules) if ok else None
+        leak = None
+        if ok:
+            allowed = {id(v) for v in olds}
+            for snap in snaps:
+                allowed.update(id(v) for v in snap[0].values())
+                for _, saved in snap[4].values():
+                    allowed.update(
+                        id(x) for x in (saved.values() if type(saved) is dict else saved)
+                    )
+            leak = find_leak(named_modules, allowed)
         if not ok or leak:
             for (_, m), snap in zip(named_modules, snaps):
                 _restore(m, snap)

@@ -19,6 +19,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -90,36 +91,59 @@ def unwrap_static(tree: Any) -> Any:
     )
 
 
-def _describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> dict[str, str]:
+def _describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> dict[str, tuple]:
+    """Name -> (shape, dtype) or ("value", v) for every argument leaf."""
     out = {}
     flat, _ = jax.tree_util.tree_flatten_with_path(
         (args, kwargs), is_leaf=lambda x: type(x) is Static
     )
     for path, leaf in flat:
-        name = jax.tree_util.keystr(path)
-        if arg_names is not None and path and path[0].idx == 0 and len(path) > 1:
-            idx = path[1].idx if hasattr(path[1], "idx") else None
-            if idx is not None and idx < len(arg_names):
-                name = arg_names[idx] + jax.tree_util.keystr(path[2:])
-        elif path and path[0].idx == 1 and len(path) > 1:
-            name = jax.tree_util.keystr(path[1:]).strip("[]'")
-        if type(leaf) is Static:
-            out[name] = f"value {leaf.value!r}"
+        top, *rest = path
+        if top.idx == 0 and rest:  # positional: use forward's parameter names
+            idx = rest[0].idx
+            base = arg_names[idx] if arg_names and idx < len(arg_names) else f"args[{idx}]"
+            name = base + jax.tree_util.keystr(tuple(rest[1:]))
         else:
-            out[name] = f"{tuple(leaf.shape)} {leaf.dtype}"
+            name = jax.tree_util.keystr(tuple(rest)).strip("[]'")
+        if type(leaf) is Static:
+            out[name] = ("value", leaf.value)
+        else:
+            out[name] = (tuple(leaf.shape), str(leaf.dtype))
     return out
 
 
-def _diff(kind: str, old: dict[str, str], new: dict[str, str]) -> str | None:
+def _diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None:
+    """Say how two signatures differ: the first changed, added or removed entry."""
     for name, sig in new.items():
         if name not in old:
             return f"{kind} '{name}' added"
-        if old[name] != sig:
-            return f"{kind} changed: {name} {old[name]} -> {sig}"
+        before = old[name]
+        if before == sig:
+            continue
+        if before[0] == "value" or sig[0] == "value":
+            return f"{kind} {name} changed: {before[1]!r} -> {sig[1]!r}"
+        if before[0] != sig[0]:
+            return f"{kind} shape changed: {name} {before[0]} -> {sig[0]}"
+        return f"{kind} dtype changed: {name} {before[1]} -> {sig[1]}"
     for name in old:
         if name not in new:
             return f"{kind} '{name}' removed"
     return None
+
+
+class Changed:
+    """The slot values a trace changed: indices are static, values are outputs."""
+
+    __slots__ = ("indices", "values")
+
+    def __init__(self, indices: tuple[int, ...], values: tuple[Any, ...]):
+        self.indices = indices
+        self.values = values
+
+
+jax.tree_util.register_pytree_node(
+    Changed, lambda c: (c.values, c.indices), lambda idx, vals: Changed(idx, tuple(vals))
+)
 
 
 class Program:
@@ -159,7 +183,7 @@ class Program:
         return fn
 
     def _note_trace(self, key: Any, vals: Sequence[Any], args: Any, kwargs: Any) -> None:
-        state_sig = {n: f"{tuple(v.shape)} {v.dtype}" for n, v in zip(self.names, vals)}
+        state_sig = {n: (tuple(v.shape), str(v.dtype)) for n, v in zip(self.names, vals)}
         arg_sig = _describe_args(args, kwargs, self.arg_names)
         previous = self._last_sig.get(key)
         if previous is None:
@@ -168,20 +192,21 @@ class Program:
             reason = (
                 _diff("input", previous[1], arg_sig)
                 or _diff("state", previous[0], state_sig)
-                or "input sharding, device or weak type changed"
+                or "input or state sharding, device or weak type changed"
             )
         self._last_sig[key] = (state_sig, arg_sig)
         self.num_traces += 1
         self.reasons.append(reason)
         logger.info("compiling %s (trace %d): %s", self.name, self.num_traces, reason)
 
-    def _pure(self, key: Any, vals: list, args: tuple, kwargs: dict) -> tuple[Any, dict]:
+    def _pure(self, key: Any, vals: list, args: tuple, kwargs: dict) -> tuple[Any, Changed]:
         self._note_trace(key, vals, args, kwargs)
         args, kwargs = unwrap_static((args, kwargs))
         slots = self.slots
         with binding.bound(slots, vals, self.named_modules):
             out = self.fn(self.objects, args, kwargs)
-            changed = {i: c[k] for i, (c, k) in enumerate(slots) if c[k] is not vals[i]}
+            idx = tuple(i for i, (c, k) in enumerate(slots) if c[k] is not vals[i])
+            changed = Changed(idx, tuple(slots[i][0][slots[i][1]] for i in idx))
         return out, changed
 
     def set_state(self, objects: Sequence[Any], descs: Sequence[structure.Description]) -> None:
@@ -217,7 +242,7 @@ def _check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
 def _call(program: Program, jitted: Callable, args: tuple, kwargs: dict) -> Any:
     slots = program.slots
     out, changed = jitted([c[k] for c, k in slots], args, kwargs)
-    for i, v in changed.items():
+    for i, v in zip(changed.indices, changed.values):
         c, k = slots[i]
         c[k] = v
     return out
@@ -368,3 +393,36 @@ def compile(fn: Callable | None = None, **jit_options: Any) -> Any:
     if fn is None:
         return functools.partial(compile, **jit_options)
     return CompiledFunction(fn, jit_options)
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    """How often a compiled module or function was traced, and why."""
+
+    num_traces: int
+    reasons: tuple[str, ...]
+
+
+def compile_stats(obj: Any) -> CompileStats:
+    """Trace count and recompilation reasons of a compiled module or ``jm.compile`` function.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule as jm
+    >>> m = jm.nn.Linear(2, 2)
+    >>> m.compile()
+    >>> _ = m(jnp.ones((1, 2))); _ = m(jnp.ones((3, 2)))
+    >>> jm.compile_stats(m).reasons
+    ('first call', 'input shape changed: input (1, 2) -> (3, 2)')
+
+    Raises:
+        TypeError: ``obj`` is neither.
+    """
+    program = getattr(obj, "program", None)
+    if program is None:
+        compiled = obj.__dict__.get("_compiled") if hasattr(obj, "__dict__") else None
+        if compiled is None:
+            raise TypeError(
+                f"{type(obj).__name__} is not compiled: call model.compile() or use jm.compile"
+            )
+        program = compiled.program
+    return CompileStats(program.num_traces, tuple(program.reasons))

@@ -8,6 +8,7 @@ module until the global structure epoch moves.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,17 @@ def describe(root: Any) -> Description:
     return desc
 
 
+def stateful(key: Any, slots: Sequence[Slot], names: Sequence[str]) -> Description:
+    """The description of a non-module stateful object (the ``jm.compile`` protocol).
+
+    An object takes part in ``jm.compile`` by defining ``_jm_describe()``
+    that returns ``stateful(key, slots, names)``: ``key`` is hashable and
+    changes whenever the program it is used in must change; ``slots`` are the
+    ``(dict, name)`` pairs holding its arrays.
+    """
+    return Description(key=key, infos={}, slots=tuple(slots), names=tuple(names), named_modules=())
+
+
 def _where(path: str) -> str:
     return f"'{path}'" if path else "the root module"
 
@@ -129,4 +141,4 @@ def structural_change(old: dict[str, ModuleInfo], new: dict[str, ModuleInfo]) ->
             return f"class of {_where(path)} changed ({o.cls} -> {n.cls})"
         if o.stamp != n.stamp:
             return f"an attribute of {_where(path)} was set"
-    return "global hooks changed"
+    return "global hooks or a stateful argument changed"

@@ -27,7 +27,10 @@ def as_array(value: Any) -> Any:
     """``value`` as a ``jax.Array`` (or tracer / ShapeDtypeStruct), unwrapping
     Parameters and converting numpy arrays and torch tensors."""
     if isinstance(value, _ArrayLike):
-        return value.__dict__["_value"]
+        inner = value.__dict__["_value"]
+        if isinstance(inner, jax.ShapeDtypeStruct):
+            raise RuntimeError(META_HELP)
+        return inner
     if isinstance(value, (jax.Array, jax.ShapeDtypeStruct)):
         return value
     if type(value).__module__.startswith("torch"):
@@ -35,6 +38,13 @@ def as_array(value: Any) -> Any:
 
         value = torch_to_numpy(value)
     return jnp.asarray(value)
+
+
+META_HELP = (
+    "This parameter is on the meta device: it has a shape and dtype but no data, so it "
+    "cannot be computed with. Allocate it with module.to_empty(device=...) and initialise it "
+    "(reset_parameters() or load_state_dict) first."
+)
 
 
 def _unwrap(x: Any) -> Any:
@@ -77,10 +87,13 @@ class _ArrayLike:
         # sharding, reshape, sum, astype, ...
         if name.startswith("__") or name == "_value":
             raise AttributeError(name)
-        return getattr(self.__dict__["_value"], name)
+        value = self.__dict__["_value"]
+        if isinstance(value, jax.ShapeDtypeStruct) and not hasattr(value, name):
+            raise RuntimeError(f"{META_HELP} (while looking up .{name})")
+        return getattr(value, name)
 
     def __jax_array__(self) -> jax.Array:
-        return self.__dict__["_value"]
+        return as_array(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = np.asarray(self.__dict__["_value"])

@@ -7,6 +7,7 @@ or ``jax.sharding.Sharding``; casts are ``astype``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,21 +49,24 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, Any, bool]:
     if kwargs:
         raise TypeError(f"to() got unexpected keyword argument(s) {sorted(kwargs)}")
     _device.check_memory_format(memory_format)
+    if type(dtype).__module__ == "torch":
+        dtype = str(dtype).replace("torch.", "")
     positional = list(args)
     if positional and isinstance(positional[-1], bool):
         non_blocking = positional.pop()
     for arg in positional:
-        if arg is None:
+        if arg is None or _device.is_memory_format(arg):
             continue
-        if isinstance(arg, (jax.Array, Parameter)) or type(arg).__module__.startswith("torch"):
+        from_torch = type(arg).__module__.startswith("torch")
+        if from_torch and type(arg).__name__ == "dtype":
+            dtype = str(arg).replace("torch.", "")
+        elif from_torch and type(arg).__name__ == "device":
+            place = str(arg)
+        elif isinstance(arg, (jax.Array, Parameter)) or (from_torch and hasattr(arg, "dtype")):
             value = arg.data if isinstance(arg, Parameter) else arg
-            dtype = jnp.dtype(str(value.dtype).replace("torch.", ""))
-            if isinstance(value, jax.Array):
-                place = value.sharding
-            continue
-        if _device.is_memory_format(arg):
-            continue
-        if _is_dtype(arg):
+            dtype = str(value.dtype).replace("torch.", "")
+            place = value.sharding if isinstance(value, jax.Array) else str(value.device)
+        elif _is_dtype(arg):
             dtype = arg
         else:
             place = arg
@@ -93,6 +97,11 @@ def _move(value: Any, place: Any) -> Any:
 def _cast(value: Any, dtype: Any) -> Any:
     if isinstance(value, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(value.shape, dtype, sharding=value.sharding)
+    if jnp.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        warnings.warn(
+            "Casting complex values to real discards the imaginary part", UserWarning, stacklevel=4
+        )
+        value = jnp.real(value)
     return value.astype(dtype)
 
 

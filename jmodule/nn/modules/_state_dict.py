@@ -338,13 +338,17 @@ class StateDictMixin:
                     type(self).__name__, "\n\t".join(errors)
                 )
             )
+        if not assign:
+            _reshare_buffers(snapshot)
         return IncompatibleKeys(missing, unexpected)
 
 
 def _snapshot(root: Any) -> list[tuple]:
     snap = []
     for module in root.modules():
-        values = {id(p): (p, p.__dict__["_value"]) for p in module._parameters.values() if p}
+        values = {
+            id(p): (p, p.__dict__["_value"]) for p in module._parameters.values() if p is not None
+        }
         extra = module.get_extra_state() if module._has_extra_state() else None
         snap.append((module, dict(module._parameters), values, dict(module._buffers), extra))
     return snap
@@ -361,3 +365,24 @@ def _restore(snapshot: list[tuple]) -> None:
         if module._has_extra_state():
             module.set_extra_state(extra)
     binding.bump()
+
+
+def _reshare_buffers(snapshot: list[tuple]) -> None:
+    """Keep a buffer array shared by several modules shared after loading.
+
+    PyTorch copies into the one shared tensor, so every holder sees the last
+    value written; jax arrays are replaced instead, so give every module that
+    held the same array before the load the last array loaded for it.
+    """
+    holders: dict[int, list[tuple[Any, str]]] = {}
+    latest: dict[int, Any] = {}
+    for module, _, _, buffers, _ in snapshot:
+        for name, old in buffers.items():
+            if old is not None:
+                holders.setdefault(id(old), []).append((module, name))
+                if module._buffers.get(name) is not old:
+                    latest[id(old)] = module._buffers[name]
+    for key, group in holders.items():
+        if len(group) > 1 and key in latest:
+            for module, name in group:
+                module._buffers[name] = latest[key]

@@ -72,10 +72,15 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
     call_super_init: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if args or kwargs:
+        if not self.call_super_init and kwargs:
             raise TypeError(
-                f"{type(self).__name__}.__init__() got unexpected arguments {args} {kwargs}: "
-                "Module.__init__ takes none"
+                f"{type(self).__name__}.__init__() got an unexpected keyword argument "
+                f"'{next(iter(kwargs))}'"
+            )
+        if not self.call_super_init and args:
+            raise TypeError(
+                f"{type(self).__name__}.__init__() takes 1 positional argument but "
+                f"{len(args) + 1} were given"
             )
         d = self.__dict__
         d["training"] = True
@@ -97,6 +102,8 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             d[name] = OrderedDict()
         d["_stamp"] = next(_stamps)
         binding.bump()
+        if self.call_super_init:  # cooperative multiple inheritance, as PyTorch
+            super().__init__(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
@@ -106,13 +113,18 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
     # ------------------------------------------------------------------ registration
 
     def _check_new_name(self, kind: str, name: Any, own: dict) -> None:
+        # PyTorch's checks, in its order and words (add_module differs slightly).
         if not isinstance(name, str):
             raise TypeError(f"{kind} name should be a string. Got {_typename(name)}")
+        exists = hasattr(self, name) and name not in own
+        if kind == "module" and exists:
+            raise KeyError(f"attribute '{name}' already exists")
         if "." in name:
-            raise KeyError(f'{kind} name can\'t contain ".", got: {name}')
+            got = f", got: {name}" if kind == "module" else ""
+            raise KeyError(f'{kind} name can\'t contain "."{got}')
         if name == "":
             raise KeyError(f'{kind} name can\'t be empty string ""')
-        if hasattr(self, name) and name not in own:
+        if exists:
             raise KeyError(f"attribute '{name}' already exists")
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
@@ -144,8 +156,8 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         if "_buffers" not in self.__dict__:
             raise AttributeError("cannot assign buffer before Module.__init__() call")
         self._check_new_name("buffer", name, self._buffers)
-        if isinstance(tensor, Buffer):
-            tensor = tensor.data
+        if isinstance(tensor, (Buffer, Parameter)):
+            tensor = tensor.data  # a buffer holds the plain array
         if tensor is not None and not _is_array(tensor):
             raise TypeError(
                 f"cannot assign '{_typename(tensor)}' object to buffer '{name}' "
@@ -216,9 +228,8 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             return
         buffers = d.get("_buffers")
         if isinstance(value, Buffer):
-            if buffers is None:
-                raise AttributeError("cannot assign buffer before Module.__init__() call")
-            self._forget(name, keep="_buffers")
+            # As PyTorch: no clearing of other attributes first, so assigning a
+            # Buffer to a name already used by a plain attribute raises KeyError.
             self.register_buffer(name, value.data, value.persistent)
             return
         if buffers is not None and name in buffers:
@@ -334,17 +345,19 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         mod = self.get_submodule(module_path)
         if not hasattr(mod, name):
             raise AttributeError(mod._get_name() + " has no attribute `" + name + "`")
-        if name not in mod.__dict__[store]:
-            raise AttributeError("`" + name + f"` is not a {kind}")
-        return mod.__dict__[store][name]
+        value = mod.__dict__[store].get(name)
+        if name not in mod.__dict__[store] or (kind == "an nn.Parameter" and value is None):
+            raise AttributeError("`" + name + f"` is not {kind}")
+        return value
 
     def get_parameter(self, target: str) -> Parameter:
         """The parameter at dotted path ``target``.
 
         Raises:
-            AttributeError: the path does not resolve or is not a parameter.
+            AttributeError: the path does not resolve or is not a parameter
+                (a ``None`` placeholder is not one).
         """
-        return self._get_member(target, "_parameters", "nn.Parameter")
+        return self._get_member(target, "_parameters", "an nn.Parameter")
 
     def get_buffer(self, target: str) -> jax.Array:
         """The buffer at dotted path ``target``.
@@ -352,7 +365,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         Raises:
             AttributeError: the path does not resolve or is not a buffer.
         """
-        return self._get_member(target, "_buffers", "buffer")
+        return self._get_member(target, "_buffers", "a buffer")
 
     # ------------------------------------------------------------------ iteration
 
@@ -373,9 +386,9 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             sub = prefix + ("." if prefix else "") + name
             yield from module.named_modules(memo, sub, remove_duplicate)
 
-    def modules(self) -> Iterator[Module]:
+    def modules(self, remove_duplicate: bool = True) -> Iterator[Module]:
         """All modules in the tree, self first."""
-        for _, module in self.named_modules():
+        for _, module in self.named_modules(remove_duplicate=remove_duplicate):
             yield module
 
     def named_children(self) -> Iterator[tuple[str, Module]]:

@@ -1,0 +1,183 @@
+"""Numbered checkpoints of a training run, saved in the background.
+
+:class:`CheckpointManager` keeps ``directory/<step>`` checkpoints written by
+``jm.save``'s atomic path: a step directory exists only once it is complete,
+so :meth:`~CheckpointManager.restore` always finds the latest complete step,
+however the previous run ended.
+
+>>> import tempfile, jax.numpy as jnp, jmodule as jm
+>>> mngr = jm.checkpoint.CheckpointManager(tempfile.mkdtemp(), max_to_keep=2)
+>>> for step in range(3):
+...     _ = mngr.save(step, {"w": jnp.full(2, step)})
+>>> mngr.wait_until_finished()
+>>> mngr.all_steps(), int(mngr.restore()["w"][0])
+([1, 2], 2)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from pathlib import Path
+from typing import Any
+
+from jmodule.serialization import _atomic, _directory, _metafile
+from jmodule.serialization._errors import CheckpointExistsError, CheckpointNotFoundError
+
+__all__ = ["CheckpointManager"]
+
+
+class CheckpointManager:
+    """Save numbered steps to ``directory``, keep the newest, restore the latest complete one.
+
+    Args:
+        directory: where step checkpoints live (created if missing).
+        max_to_keep: how many steps to keep; older ones are deleted after
+            each save. ``None`` keeps all.
+        save_interval_steps: :meth:`save` writes only steps that are a
+            multiple of this (unless ``force=True``).
+        async_: write in a background thread. :meth:`save` returns once the
+            arrays are snapshotted (an asynchronously dispatched copy on the
+            CPU, a device-to-host copy on accelerators), so the training step
+            may update or donate them at once. A save waits for the previous
+            one; errors of a background save are raised by the next
+            :meth:`save`, :meth:`restore`, :meth:`wait_until_finished` or
+            :meth:`close`.
+
+    On start, leftovers of saves killed mid-way (by a crash, a pre-emption)
+    are finished or removed; the next save brings the number of kept steps
+    back to ``max_to_keep``. One manager (one process) should write to a
+    directory at a time; leftovers of a process still running are left alone.
+
+    >>> import tempfile, jax.numpy as jnp, jmodule as jm
+    >>> with jm.checkpoint.CheckpointManager(tempfile.mkdtemp()) as mngr:
+    ...     mngr.save(10, {"w": jnp.ones(3)})
+    ...     mngr.latest_step()
+    True
+    10
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        max_to_keep: int | None = None,
+        save_interval_steps: int = 1,
+        async_: bool = True,
+    ):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be None or at least 1, got {max_to_keep}")
+        if save_interval_steps < 1:
+            raise ValueError(f"save_interval_steps must be at least 1, got {save_interval_steps}")
+        self.directory = Path(os.path.abspath(os.fspath(directory)))
+        self.max_to_keep = max_to_keep
+        self.save_interval_steps = save_interval_steps
+        self.async_ = async_
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future | None = None
+        for name in _atomic.leftover_names(self.directory):
+            _atomic.repair(self.directory / name)
+
+    def _path(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def all_steps(self) -> list[int]:
+        """Steps with a complete checkpoint, ascending."""
+        steps = []
+        for name in os.listdir(self.directory):
+            if name.isdigit() and str(int(name)) == name:
+                if _metafile.is_complete(self.directory / name):
+                    steps.append(int(name))
+        return sorted(steps)
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or ``None``."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def should_save(self, step: int) -> bool:
+        """Whether :meth:`save` would write ``step``."""
+        return step % self.save_interval_steps == 0
+
+    def save(self, step: int, obj: Any, *, force: bool = False, overwrite: bool = False) -> bool:
+        """Save ``obj`` (anything ``jm.save`` takes) as ``step``.
+
+        Args:
+            step: a non-negative int.
+            obj: the state to save, e.g. ``{"model": model.state_dict(), "epoch": e}``.
+            force: save even if ``step`` is not a multiple of ``save_interval_steps``.
+            overwrite: replace an existing checkpoint of this step (atomically).
+
+        Returns:
+            Whether a save was started.
+
+        Raises:
+            CheckpointExistsError: ``step`` exists and ``overwrite`` is false.
+            TypeError: ``obj`` holds a value ``jm.save`` cannot store.
+        """
+        if type(step) is not int or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if not (force or self.should_save(step)):
+            return False
+        self.wait_until_finished()
+        path = self._path(step)
+        if path.exists() and not overwrite:
+            raise CheckpointExistsError(
+                f"step {step} already exists in '{self.directory}'; pass overwrite=True to "
+                "replace it"
+            )
+        prepared = _directory.prepare(obj, snapshot=self.async_)
+        if not self.async_:
+            self._write(prepared, step, overwrite)
+            return True
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="jm-checkpoint"
+            )
+        self._pending = self._executor.submit(self._write, prepared, step, overwrite)
+        return True
+
+    def _write(self, prepared: _directory.Prepared, step: int, overwrite: bool) -> None:
+        _directory.write(prepared, self._path(step), overwrite=overwrite)
+        if self.max_to_keep is not None:
+            for old in self.all_steps()[: -self.max_to_keep]:
+                _atomic.delete(self._path(old))
+
+    def wait_until_finished(self) -> None:
+        """Block until the save in flight (if any) is on disk; raise its error if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def restore(self, step: int | None = None, map_location: Any = None) -> Any:
+        """Load ``step`` (default: the latest complete one); see ``jm.load``.
+
+        Raises:
+            CheckpointNotFoundError: no (such) complete step.
+            CorruptCheckpointError: the step's data does not match its checksums.
+        """
+        self.wait_until_finished()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointNotFoundError(f"no complete checkpoint in '{self.directory}'")
+        elif not self._path(step).exists():
+            raise CheckpointNotFoundError(
+                f"no checkpoint of step {step} in '{self.directory}' (steps: {self.all_steps()})"
+            )
+        return _directory.read(self._path(step), map_location)
+
+    def close(self) -> None:
+        """Finish the save in flight and stop the background thread."""
+        try:
+            self.wait_until_finished()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,170 @@
+"""``jm.save`` / ``jm.load``: one entry point for every format jm reads and writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from jmodule.serialization import _directory, _safetensors, _torch_pickle
+from jmodule.serialization._errors import CorruptCheckpointError
+
+_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle")
+
+
+def save(
+    obj: Any,
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Save a state_dict (or nested dicts of them and plain values) to ``path``.
+
+    A path ending in ``.safetensors`` gets a safetensors file (a flat mapping
+    of names to arrays only). Any other path becomes an Orbax checkpoint
+    directory: arrays of every dtype (bfloat16 and float16 included), plain
+    Python values (``int``, ``float``, ``str``, ``bool``, ``None``, lists,
+    tuples, ``bytes``), keys, key order and ``OrderedDict`` come back exactly,
+    and every array carries a CRC-32 that :func:`load` checks.
+
+    The save is atomic and durable: everything is written to a hidden sibling,
+    flushed to disk and renamed into place, so a save killed at any moment
+    leaves either nothing or the previous checkpoint at ``path`` (the
+    overwritten one stays loadable until the new one is complete).
+
+    Args:
+        obj: what to save; numpy scalars are saved as 0-d arrays.
+        path: a directory to create, or a ``.safetensors`` file.
+        overwrite: replace an existing checkpoint at ``path`` (atomically).
+        metadata: str-to-str notes stored with the checkpoint; read them back
+            with :func:`read_metadata`.
+
+    Raises:
+        CheckpointExistsError: ``path`` exists and ``overwrite`` is false.
+        TypeError: ``obj`` holds a value jm cannot store (its key is named).
+        ValueError: ``path`` ends in ``.pt``/``.bin``/...: jm does not write
+            pickles.
+
+    >>> import tempfile, jax.numpy as jnp, jmodule as jm
+    >>> d = tempfile.mkdtemp()
+    >>> jm.save({"w": jnp.ones((2, 2)), "epoch": 3}, f"{d}/ckpt")
+    >>> jm.load(f"{d}/ckpt")["epoch"]
+    3
+    """
+    p = Path(os.fspath(path))
+    if p.suffix == ".safetensors":
+        _safetensors.write(obj, p, metadata=metadata, overwrite=overwrite)
+        return
+    if p.suffix in _PICKLE_SUFFIXES:
+        raise ValueError(
+            f"jm.save does not write pickles ('{p}'): pickles run code when loaded. Save to a "
+            f"directory (an Orbax checkpoint, e.g. '{p.with_suffix('')}') or to "
+            f"'{p.with_suffix('.safetensors')}'; jm.load still reads .pt/.bin files."
+        )
+    _directory.write(_directory.prepare(obj, metadata), p, overwrite=overwrite)
+
+
+def _kind(p: Path) -> str:
+    if p.is_dir():
+        return "directory"
+    if not p.exists():
+        return "directory"  # possibly an overwrite interrupted between its renames
+    if _safetensors.is_index(p):
+        return "index"
+    with open(p, "rb") as f:
+        head = f.read(16)
+    if _safetensors.looks_like(head, p.stat().st_size):
+        return "safetensors"
+    if _torch_pickle.is_torch_file(head):
+        return "torch"
+    if p.suffix == ".safetensors":
+        return "safetensors"  # damaged: let the reader say how
+    raise CorruptCheckpointError(
+        f"'{p}' is in no format jm reads (an Orbax checkpoint directory from jm.save, "
+        ".safetensors, a *.index.json of shards, or a PyTorch .pt/.bin file)"
+    )
+
+
+def _read_shard(path: Path, verify: bool) -> dict:
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if _torch_pickle.is_torch_file(head):
+        return _torch_pickle.read_flat(path)
+    return _safetensors.read_host(path, verify)
+
+
+def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = True) -> Any:
+    """Load what :func:`save` wrote, or a safetensors / PyTorch weight file.
+
+    Reads jm's Orbax checkpoint directories (checking every array's CRC-32),
+    ``.safetensors`` files, Hugging Face sharded checkpoints (the
+    ``*.safetensors.index.json`` or ``pytorch_model.bin.index.json`` file),
+    and PyTorch ``.pt``/``.bin`` files in both of ``torch.save``'s formats
+    without PyTorch, refusing any pickle that would run code. Arrays come back
+    as ``jax.Array``; 64-bit data becomes 32-bit while JAX's x64 mode is off,
+    as everywhere in JAX.
+
+    Args:
+        path: the checkpoint directory or file.
+        map_location: where arrays land, as ``Module.to`` takes it: a device
+            (``"cpu"``, ``"cuda:1"``, ``jax.Device``), a ``jax.sharding.Sharding``
+            (arrays are restored straight onto it), a dtype (floating and
+            complex arrays are cast), a ``(device, dtype)`` pair, ``"meta"``
+            (``jax.ShapeDtypeStruct`` only, nothing read), or a callable
+            ``fn(array, key) -> array``. Default: the current default device.
+        verify: check checksums (jm's checkpoints and jm-written safetensors).
+            Verification reads arrays back to host memory: free on the CPU,
+            one device-to-host copy on accelerators.
+
+    Returns:
+        The saved object, with the container types and key order it had.
+
+    Raises:
+        CheckpointNotFoundError: nothing at ``path``.
+        CorruptCheckpointError: damaged, truncated or unrecognised input; the
+            message names the file (and the key, for a checksum mismatch).
+        UnsafePickleError: a PyTorch pickle that would run code.
+
+    >>> import tempfile, jax.numpy as jnp, jmodule as jm
+    >>> d = tempfile.mkdtemp()
+    >>> jm.save({"w": jnp.ones(2, jnp.bfloat16)}, f"{d}/ckpt")
+    >>> jm.load(f"{d}/ckpt", map_location=jnp.float32)["w"].dtype
+    dtype('float32')
+    """
+    p = Path(os.fspath(path))
+    kind = _kind(p)
+    if kind == "directory":
+        return _directory.read(p, map_location, verify)
+    if kind == "index":
+        return _safetensors.read_index(p, map_location, verify, _read_shard)
+    if kind == "safetensors":
+        return _safetensors.read(p, map_location, verify)
+    return _torch_pickle.read(p, map_location)
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The ``metadata`` saved with a checkpoint or safetensors file.
+
+    For a sharded index, the index's own ``"metadata"`` entry.
+
+    >>> import tempfile, jax.numpy as jnp, jmodule as jm
+    >>> f = tempfile.mkdtemp() + "/w.safetensors"
+    >>> jm.save({"w": jnp.ones(2)}, f, metadata={"format": "pt"})
+    >>> jm.serialization.read_metadata(f)
+    {'format': 'pt'}
+    """
+    p = Path(os.fspath(path))
+    kind = _kind(p)
+    if kind == "directory":
+        return _directory.user_metadata(p)
+    if kind == "safetensors":
+        return _safetensors.read_metadata(p)
+    if kind == "index":
+        try:
+            meta = json.loads(p.read_text()).get("metadata") or {}
+        except (ValueError, AttributeError) as e:
+            raise CorruptCheckpointError(f"'{p}' is not a valid checkpoint index: {e}") from None
+        return {str(k): str(v) for k, v in meta.items()}
+    return {}  # PyTorch files carry none

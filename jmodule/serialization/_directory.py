@@ -1,0 +1,310 @@
+"""jm's checkpoint directory: arrays through Orbax, everything else in ``jmodule.json``.
+
+Layout of a committed checkpoint ``ckpt/``::
+
+    ckpt/arrays/         an Orbax PyTree checkpoint (OCDBT, zarr3, no compression)
+                         of {"a0": array, "a1": array, ...}
+    ckpt/jmodule.json    the tree skeleton, each array's key, dtype, shape and
+                         CRC-32, user metadata; written last, SHA-256 guarded
+
+Zero-size arrays (which Orbax refuses) live only in ``jmodule.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmodule.serialization import _atomic, _checksum, _metafile, _tree
+from jmodule.serialization._errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+)
+from jmodule.serialization._placement import Placement
+
+ARRAYS = "arrays"
+FORMAT = "jmodule.checkpoint"
+_MAX_NAMED = 8
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What a save writes, fixed at the moment ``save`` was called."""
+
+    tree: dict
+    keys: list[str]
+    arrays: list[Any]
+    metadata: dict[str, str]
+
+
+def _on_cpu(x: jax.Array) -> bool:
+    return all(d.platform == "cpu" for d in x.sharding.device_set)
+
+
+def _check_dtype(x: Any, key: str) -> Any:
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind in "OUSVMm":
+            raise TypeError(
+                f"cannot save '{key}': numpy arrays of dtype {x.dtype} have no array "
+                "checkpoint format; use a list or a str instead."
+            )
+        if not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
+def prepare(obj: Any, metadata: dict[str, str] | None = None, snapshot: bool = False) -> Prepared:
+    """Flatten ``obj`` and, with ``snapshot``, copy its arrays so later changes do not leak in.
+
+    The snapshot of arrays on the CPU is an asynchronously dispatched on-device
+    copy (returns at once); arrays on accelerators are copied to host memory
+    (as Orbax does) so that a checkpoint in flight never doubles device memory.
+    """
+    tree, leaves = _tree.flatten(obj)
+    keys = [k for k, _ in leaves]
+    arrays = [_check_dtype(x, k) for k, x in leaves]
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
+            raise TypeError("metadata must be a dict of str to str")
+    if snapshot:
+        on_cpu = [i for i, x in enumerate(arrays) if isinstance(x, jax.Array) and _on_cpu(x)]
+        copies = jax.device_put([arrays[i] for i in on_cpu], may_alias=False)
+        for i, c in zip(on_cpu, copies):
+            arrays[i] = c
+        elsewhere = [x for x in arrays if isinstance(x, jax.Array) and not _on_cpu(x)]
+        for x in elsewhere:
+            x.copy_to_host_async()
+        arrays = [
+            np.array(x)
+            if isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and not _on_cpu(x))
+            else x
+            for x in arrays
+        ]
+    return Prepared(tree, keys, arrays, dict(metadata or {}))
+
+
+def _is_checkpoint_or_empty(path: Path) -> bool:
+    if path.is_dir() and not path.is_symlink():
+        return (path / _metafile.NAME).exists() or not any(path.iterdir())
+    return False
+
+
+def _checker():
+    import orbax.checkpoint as ocp
+
+    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False)
+    return ocp, ocp.Checkpointer(handler)
+
+
+def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) -> Path:
+    """Write ``prepared`` as a committed checkpoint at ``path``; see the module docstring.
+
+    Raises:
+        CheckpointExistsError: ``path`` exists and ``overwrite`` is false.
+        CheckpointError: ``overwrite`` would delete something that is not a
+            jm checkpoint.
+    """
+    final = Path(os.path.abspath(os.fspath(path)))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _atomic.repair(final)
+    if final.exists() or final.is_symlink():
+        if not overwrite:
+            raise CheckpointExistsError(
+                f"'{final}' already exists; pass overwrite=True to replace it (atomically: "
+                "the old checkpoint stays loadable until the new one is complete)."
+            )
+        if not _is_checkpoint_or_empty(final):
+            raise CheckpointError(
+                f"refusing to overwrite '{final}': it is not a jmodule checkpoint (no "
+                f"{_metafile.NAME} inside). Remove it yourself if you mean to replace it."
+            )
+    tag = _atomic.new_tag()
+    staging = _atomic.sibling(final, "tmp", tag)
+    staging.mkdir()
+    try:
+        arrays = prepared.arrays
+        stored = {f"a{i}": x for i, x in enumerate(arrays) if x.size > 0}
+        crcs = _checksum.crc32_many(arrays)
+        if stored:
+            ocp, checkpointer = _checker()
+            try:
+                checkpointer.save(staging / ARRAYS, args=ocp.args.PyTreeSave(stored))
+            finally:
+                checkpointer.close()
+        entries = [
+            {
+                "key": key,
+                "dtype": jnp.dtype(x.dtype).name,
+                "shape": list(x.shape),
+                "crc32": crc,
+                "stored": f"a{i}" if x.size > 0 else None,
+            }
+            for i, (key, x, crc) in enumerate(zip(prepared.keys, arrays, crcs()))
+        ]
+        body = {
+            "format": FORMAT,
+            "tree": prepared.tree,
+            "arrays": entries,
+            "metadata": prepared.metadata,
+            "jax_version": jax.__version__,
+        }
+        _metafile.write(staging, body)
+        _atomic.fsync_tree(staging)
+        _atomic.commit(staging, final, tag, replace=final.exists() or final.is_symlink())
+    except BaseException:
+        _atomic.rmtree(staging)
+        raise
+    return final
+
+
+@dataclasses.dataclass
+class _Entry:
+    key: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    crc32: str
+    stored: str | None
+
+
+def _entries(body: dict, src: Path) -> list[_Entry]:
+    try:
+        if body.get("format") != FORMAT:
+            raise ValueError(f"format is {body.get('format')!r}")
+        out = []
+        for e in body["arrays"]:
+            shape = tuple(e["shape"])
+            if not all(type(n) is int and n >= 0 for n in shape):
+                raise ValueError(f"bad shape {shape}")
+            if not (isinstance(e["key"], str) and isinstance(e["crc32"], str)):
+                raise ValueError("bad key or checksum")
+            if e["stored"] is not None and not isinstance(e["stored"], str):
+                raise ValueError("bad array name")
+            out.append(_Entry(e["key"], jnp.dtype(e["dtype"]), shape, e["crc32"], e["stored"]))
+        return out
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptCheckpointError(
+            f"'{src / _metafile.NAME}' is corrupted: its array table does not parse ({e})"
+        ) from None
+
+
+def _host_restored(entry: _Entry) -> bool:
+    return jax.dtypes.canonicalize_dtype(entry.dtype) != entry.dtype
+
+
+def _source(final: Path) -> Path:
+    src = _atomic.readable(final)
+    if src is None:
+        raise CheckpointNotFoundError(f"no checkpoint at '{final}': the path does not exist")
+    if src.is_dir() and not (src / _metafile.NAME).exists():
+        if not any(src.iterdir()):
+            raise CorruptCheckpointError(
+                f"'{final}' is an empty directory, not a checkpoint (an interrupted copy?)"
+            )
+        if (src / "_CHECKPOINT_METADATA").exists() or (src / "_METADATA").exists():
+            raise CorruptCheckpointError(
+                f"'{final}' is an Orbax checkpoint that jm.save did not write (it has no "
+                f"{_metafile.NAME} with checksums); read it with orbax.checkpoint directly."
+            )
+    return src
+
+
+def _read_arrays(src: Path, entries: list[_Entry], place: Placement) -> dict[str, Any]:
+    wanted = [e for e in entries if e.stored is not None]
+    if not wanted:
+        return {}
+    ocp, checkpointer = _checker()
+    args = {}
+    for e in wanted:
+        if _host_restored(e):
+            args[e.stored] = ocp.RestoreArgs(restore_type=np.ndarray)
+        else:
+            args[e.stored] = ocp.ArrayRestoreArgs(
+                sharding=place.sharding(e.shape, e.key), global_shape=e.shape
+            )
+    try:
+        restored = checkpointer.restore(
+            src / ARRAYS, args=ocp.args.PyTreeRestore(restore_args=args)
+        )
+    except Exception as e:
+        raise CorruptCheckpointError(
+            f"cannot read the arrays of '{src}': {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        checkpointer.close()
+    if not isinstance(restored, dict) or set(restored) != {e.stored for e in wanted}:
+        raise CorruptCheckpointError(
+            f"'{src / ARRAYS}' does not hold the arrays {_metafile.NAME} lists"
+        )
+    return restored
+
+
+def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
+    crcs = _checksum.crc32_many(values)()
+    bad = []
+    for e, x, crc in zip(entries, values, crcs):
+        if tuple(x.shape) != e.shape or np.dtype(x.dtype) != e.dtype:
+            bad.append(f"{e.key} (read {tuple(x.shape)} {x.dtype}, saved {e.shape} {e.dtype})")
+        elif crc != e.crc32:
+            bad.append(e.key)
+    if bad:
+        named = ", ".join(f"'{k}'" for k in bad[:_MAX_NAMED])
+        more = f" and {len(bad) - _MAX_NAMED} more" if len(bad) > _MAX_NAMED else ""
+        raise CorruptCheckpointError(
+            f"'{src}' is corrupted: the data of {len(bad)} array(s) does not match the "
+            f"checksum saved with it: {named}{more}. Restore this checkpoint from a copy or "
+            "load an earlier one."
+        )
+
+
+def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True) -> Any:
+    """Load the checkpoint at ``path``; see :func:`jmodule.serialization.load`."""
+    final = Path(os.path.abspath(os.fspath(path)))
+    place = Placement(map_location)
+    src = _source(final)
+    body = _metafile.read(src)
+    entries = _entries(body, src)
+    if place.meta:
+        arrays = [
+            place.finish(
+                jax.ShapeDtypeStruct(e.shape, jax.dtypes.canonicalize_dtype(e.dtype)), e.key
+            )
+            for e in entries
+        ]
+    else:
+        restored = _read_arrays(src, entries, place)
+        values = [
+            restored[e.stored] if e.stored is not None else np.zeros(e.shape, e.dtype)
+            for e in entries
+        ]
+        if verify:
+            _verify(src, entries, values)
+        arrays = []
+        for e, x in zip(entries, values):
+            if isinstance(x, np.ndarray):
+                arrays.append(place.put(x, e.key))
+            else:
+                arrays.append(place.finish(x, e.key))
+    try:
+        return _tree.unflatten(body["tree"], arrays)
+    except (KeyError, ValueError) as e:
+        raise CorruptCheckpointError(
+            f"'{src / _metafile.NAME}' is corrupted: its tree does not parse ({e})"
+        ) from None
+
+
+def user_metadata(path: os.PathLike | str) -> dict[str, str]:
+    """The ``metadata`` dict saved with the checkpoint at ``path``."""
+    final = Path(os.path.abspath(os.fspath(path)))
+    body = _metafile.read(_source(final))
+    meta = body.get("metadata", {})
+    return dict(meta) if isinstance(meta, dict) else {}
