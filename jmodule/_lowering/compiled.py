@@ -120,7 +120,7 @@ def _diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None
         before = old[name]
         if before == sig:
             continue
-        if before[0] == "value" or sig[0] == "value":
+        if before[0] in ("value", "none") or sig[0] in ("value", "none"):
             return f"{kind} {name} changed: {before[1]!r} -> {sig[1]!r}"
         if before[0] != sig[0]:
             return f"{kind} shape changed: {name} {before[0]} -> {sig[0]}"
@@ -183,7 +183,10 @@ class Program:
         return fn
 
     def _note_trace(self, key: Any, vals: Sequence[Any], args: Any, kwargs: Any) -> None:
-        state_sig = {n: (tuple(v.shape), str(v.dtype)) for n, v in zip(self.names, vals)}
+        state_sig = {
+            n: ("none", None) if v is None else (tuple(v.shape), str(v.dtype))
+            for n, v in zip(self.names, vals)
+        }
         arg_sig = _describe_args(args, kwargs, self.arg_names)
         previous = self._last_sig.get(key)
         if previous is None:
@@ -209,15 +212,27 @@ class Program:
             changed = Changed(idx, tuple(slots[i][0][slots[i][1]] for i in idx))
         return out, changed
 
-    def set_state(self, objects: Sequence[Any], descs: Sequence[structure.Description]) -> None:
-        """Point the program at ``objects`` (their slots plus the RNG key)."""
+    def set_state(
+        self,
+        objects: Sequence[Any],
+        descs: Sequence[structure.Description],
+        with_grads: bool = False,
+    ) -> None:
+        """Point the program at ``objects``: their slots (each once), plus the RNG key."""
         slots: list[Slot] = []
         names: list[str] = []
         named_modules: list[tuple[str, Any]] = []
+        seen: set[tuple[int, str]] = set()
         for i, d in enumerate(descs):
             prefix = "" if len(descs) == 1 else f"[{i}]."
-            slots += d.slots
-            names += [prefix + n for n in d.names]
+            pairs = list(zip(d.slots, d.names))
+            if with_grads:
+                pairs += list(zip(d.grad_slots, d.grad_names))
+            for slot, name in pairs:
+                if (id(slot[0]), slot[1]) not in seen:
+                    seen.add((id(slot[0]), slot[1]))
+                    slots.append(slot)
+                    names.append(prefix + name)
             named_modules += [
                 (prefix + p if p else prefix.rstrip("."), m) for p, m in d.named_modules
             ]
@@ -231,7 +246,7 @@ class Program:
 
 def _check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
     for (c, k), name in zip(slots, names):
-        if isinstance(c[k], jax.ShapeDtypeStruct):
+        if isinstance(c.get(k), jax.ShapeDtypeStruct):
             raise RuntimeError(
                 f"'{name}' is on the meta device (shape and dtype only, no data), so the module "
                 "cannot run. Allocate it with module.to_empty(device=...) and initialise it "
@@ -350,7 +365,7 @@ class CompiledFunction:
             )
             descs = [o._jm_describe() for o in objects]
             key = (tuple(d.key for d in descs), _hooks.global_hook_key())
-            self.program.set_state(tuple(objects), descs)
+            self.program.set_state(tuple(objects), descs, with_grads=True)
             _check_not_meta(self.program.slots, self.program.names)
             jitted = self.program.jitted(key, _merge_infos(descs))
             return _call(self.program, jitted, *tree)

@@ -39,6 +39,10 @@ class Description:
     slots: tuple[Slot, ...]
     names: tuple[str, ...]
     named_modules: tuple[tuple[str, Any], ...]
+    #: ``(param.__dict__, "grad")`` of every parameter, for programs that
+    #: compute gradients (``jm.compile``); a plain forward never touches them.
+    grad_slots: tuple[Slot, ...] = ()
+    grad_names: tuple[str, ...] = ()
 
 
 def describe(root: Any) -> Description:
@@ -49,6 +53,8 @@ def describe(root: Any) -> Description:
     infos: dict[str, ModuleInfo] = {}
     slots: list[Slot] = []
     names: list[str] = []
+    grad_slots: list[Slot] = []
+    grad_names: list[str] = []
     seen: set[int] = set()
     named_modules = tuple(root.named_modules())
     for path, m in named_modules:
@@ -61,6 +67,8 @@ def describe(root: Any) -> Description:
                 seen.add(id(p))
                 slots.append((p.__dict__, "_value"))
                 names.append(dot + name)
+                grad_slots.append((p.__dict__, "grad"))
+                grad_names.append(dot + name + ".grad")
         buffers = []
         for name, b in d["_buffers"].items():
             buffers.append(name if b is not None else name + "=None")
@@ -83,6 +91,8 @@ def describe(root: Any) -> Description:
         slots=tuple(slots),
         names=tuple(names),
         named_modules=named_modules,
+        grad_slots=tuple(grad_slots),
+        grad_names=tuple(grad_names),
     )
     root.__dict__["_jm_desc"] = (binding.EPOCH.value, desc)
     return desc

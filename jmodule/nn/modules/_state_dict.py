@@ -7,6 +7,7 @@ snapshot is put back before one error listing every problem is raised.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -81,7 +82,12 @@ class StateDictMixin:
         )
 
     def _has_extra_state(self) -> bool:
+        """Saving includes ``_extra_state`` when ``get_extra_state`` is overridden."""
         return type(self).get_extra_state is not StateDictMixin.get_extra_state
+
+    def _takes_extra_state(self) -> bool:
+        """Loading expects ``_extra_state`` when ``set_extra_state`` is overridden."""
+        return type(self).set_extra_state is not StateDictMixin.set_extra_state
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         for name, param in self._parameters.items():
@@ -221,7 +227,7 @@ class StateDictMixin:
                 continue
             self._load_one(name, current, value, assign, key)
         extra_key = prefix + "_extra_state"
-        if self._has_extra_state():
+        if self._takes_extra_state():
             if extra_key in state_dict:
                 self.set_extra_state(state_dict[extra_key])
             elif strict:
@@ -243,7 +249,11 @@ class StateDictMixin:
         is_param = name in self._parameters
         if assign:
             arr = as_array(value)
-            if is_param:
+            if is_param and isinstance(value, Parameter):  # PyTorch keeps the given Parameter
+                value.requires_grad_(current.requires_grad)
+                self._parameters[name] = value
+                binding.bump()
+            elif is_param:
                 self._parameters[name] = Parameter(arr, requires_grad=current.requires_grad)
                 binding.bump()
             else:
@@ -349,7 +359,9 @@ def _snapshot(root: Any) -> list[tuple]:
         values = {
             id(p): (p, p.__dict__["_value"]) for p in module._parameters.values() if p is not None
         }
-        extra = module.get_extra_state() if module._has_extra_state() else None
+        # Extra state can be put back only when the module can both give and take it.
+        restorable = module._has_extra_state() and module._takes_extra_state()
+        extra = (copy.deepcopy(module.get_extra_state()),) if restorable else None
         snap.append((module, dict(module._parameters), values, dict(module._buffers), extra))
     return snap
 
@@ -362,8 +374,8 @@ def _restore(snapshot: list[tuple]) -> None:
             p.__dict__["_value"] = value
         module._buffers.clear()
         module._buffers.update(buffers)
-        if module._has_extra_state():
-            module.set_extra_state(extra)
+        if extra is not None:
+            module.set_extra_state(extra[0])
     binding.bump()
 
 

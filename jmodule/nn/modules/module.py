@@ -21,10 +21,19 @@ import numpy as np
 from jmodule._lowering import binding
 from jmodule.nn.modules._call import CallMixin
 from jmodule.nn.modules._casting import CastingMixin
+from jmodule.nn.modules._hooks import RemovableHandle as RemovableHandle
+from jmodule.nn.modules._hooks import (
+    register_module_forward_hook as register_module_forward_hook,
+)
+from jmodule.nn.modules._hooks import (
+    register_module_forward_pre_hook as register_module_forward_pre_hook,
+)
 from jmodule.nn.modules._state_dict import StateDictMixin
 from jmodule.nn.parameter import Buffer, Parameter, as_array
 
-__all__ = ["Module"]
+# The global hooks live here too, where PyTorch users import them from
+# (``torch.nn.modules.module.register_module_forward_hook``).
+__all__ = ["Module", "register_module_forward_hook", "register_module_forward_pre_hook"]
 
 T = TypeVar("T", bound="Module")
 

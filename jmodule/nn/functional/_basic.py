@@ -1,10 +1,4 @@
-"""Functional forms of the layers, as ``torch.nn.functional``.
-
-Functions take and return ``jax.Array``s (Parameters are accepted anywhere).
-Where PyTorch mutates an argument in place (``batch_norm``'s running
-statistics), JAX arrays are immutable: the function documents what it
-returns instead.
-"""
+"""Linear, ReLU, dropout and batch norm: the functional forms the core layers use."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ import jax.numpy as jnp
 from jmodule import random as _random
 from jmodule.nn.parameter import as_array
 
-__all__ = ["batch_norm", "dropout", "linear", "relu"]
+__all__ = ["batch_norm", "batch_norm_update", "dropout", "linear", "relu"]
 
 
 def linear(input: Any, weight: Any, bias: Any = None) -> jax.Array:
