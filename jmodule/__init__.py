@@ -8,7 +8,9 @@
 (3, 2)
 """
 
+from jmodule import func as func
 from jmodule import nn as nn
+from jmodule import random as random
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile as compile

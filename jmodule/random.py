@@ -71,32 +71,30 @@ class Generator:
         """Split off and return a fresh key, advancing the stream.
 
         Raises:
-            RuntimeError: called inside a JAX trace that jmodule does not
-                manage (the new key would leak out of the trace), or on an
-                explicit generator inside compiled code.
+            RuntimeError: the new key would be a traced value that escapes
+                its trace: an explicit generator used inside compiled code, or
+                any draw inside a JAX transformation jmodule does not manage.
         """
-        key = self._key
-        if isinstance(key, jax.core.Tracer):
-            if not binding.is_bound(self.__dict__):
-                raise RuntimeError(_FOREIGN_TRACE)
-        elif binding.tracing():
-            raise RuntimeError(
-                "An explicit jm.Generator was used inside compiled code. Only the default "
-                "generator (seeded by jm.manual_seed) is threaded through compiled programs; "
-                "draw from it instead, or pass keys in as arguments."
-            )
-        new, sub = jax.random.split(key)
+        new, sub = jax.random.split(self._key)
         if isinstance(new, jax.core.Tracer) and not binding.is_bound(self.__dict__):
+            if self is not default_generator and binding.tracing():
+                raise RuntimeError(_EXPLICIT_IN_TRACE)
             raise RuntimeError(_FOREIGN_TRACE)
         self._key = new
         return sub
 
 
+_EXPLICIT_IN_TRACE = (
+    "An explicit jm.Generator was used inside compiled code. Only the default generator "
+    "(seeded by jm.manual_seed) is threaded through compiled programs; draw from it instead, "
+    "or pass keys in as arguments."
+)
 _FOREIGN_TRACE = (
     "A random draw (dropout, init, ...) happened inside a JAX transformation that jmodule "
-    "does not manage (e.g. a bare jax.jit around a module call), so the generator's new key "
-    "would leak out of the trace. Compile with model.compile() or jm.compile(fn), which "
-    "thread the key in and out, or run the module eagerly."
+    "does not manage (e.g. a bare jax.jit or jax.grad around a module call), so the "
+    "generator's new key would leak out of the trace. Compile with model.compile() or "
+    "jm.compile(fn), which thread the key in and out; pass rng_key= to "
+    "jm.func.functional_call; or run the module eagerly."
 )
 
 default_generator = Generator()
