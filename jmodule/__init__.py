@@ -15,6 +15,10 @@ from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile as compile
 from jmodule._lowering.compiled import compile_stats as compile_stats
+from jmodule.autograd import backward as backward
+from jmodule.autograd import grad as grad
+from jmodule.autograd import no_grad as no_grad
+from jmodule.autograd import value_and_grad as value_and_grad
 from jmodule.device import DeviceError as DeviceError
 from jmodule.device import DtypeError as DtypeError
 from jmodule.device import bfloat16 as bfloat16

@@ -38,6 +38,11 @@ def bump() -> None:
     EPOCH.value += 1
 
 
+#: Active gradient computations (``jm.backward``/``jm.grad``), innermost last.
+#: ``Module.__call__`` reports itself to the innermost one while it is non-empty.
+GRAD_STACK: list = []
+
+
 class TracerLeakError(RuntimeError):
     """A traced value would have escaped into a module outside its state."""
 

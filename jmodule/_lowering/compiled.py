@@ -112,6 +112,14 @@ def _describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> d
     return out
 
 
+def _fmt(sig: tuple) -> str:
+    if sig[0] == "none":
+        return "None"
+    if sig[0] == "value":
+        return repr(sig[1])
+    return f"{sig[0]} {sig[1]}"
+
+
 def _diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None:
     """Say how two signatures differ: the first changed, added or removed entry."""
     for name, sig in new.items():
@@ -121,7 +129,7 @@ def _diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None
         if before == sig:
             continue
         if before[0] in ("value", "none") or sig[0] in ("value", "none"):
-            return f"{kind} {name} changed: {before[1]!r} -> {sig[1]!r}"
+            return f"{kind} {name} changed: {_fmt(before)} -> {_fmt(sig)}"
         if before[0] != sig[0]:
             return f"{kind} shape changed: {name} {before[0]} -> {sig[0]}"
         return f"{kind} dtype changed: {name} {before[1]} -> {sig[1]}"
@@ -146,6 +154,14 @@ jax.tree_util.register_pytree_node(
 )
 
 
+class _Redonate(Exception):
+    """A donating trace found that it would donate slots it does not write back."""
+
+    def __init__(self, changed: tuple[int, ...]):
+        super().__init__(changed)
+        self.changed = changed
+
+
 class Program:
     """One Python function lowered to cached ``jax.jit`` programs."""
 
@@ -161,6 +177,7 @@ class Program:
         self.jit_options = jit_options
         self.arg_names = arg_names
         self.entries: dict[Any, Any] = {}
+        self.donating_entries: dict[Any, tuple[tuple, Callable]] = {}
         self.num_traces = 0
         self.reasons: list[str] = []
         # Set before each call: what the pure function binds when it traces.
@@ -176,11 +193,50 @@ class Program:
         """The ``jax.jit`` function for structure ``key`` (made on first use)."""
         fn = self.entries.get(key)
         if fn is None:
-            if self._infos is not None:
-                self._pending_reason = structure.structural_change(self._infos, infos)
+            self._note_structure(infos)
             fn = self.entries[key] = jax.jit(functools.partial(self._pure, key), **self.jit_options)
         self._infos = infos
         return fn
+
+    def _note_structure(self, infos: dict) -> None:
+        if self._infos is not None:
+            self._pending_reason = structure.structural_change(self._infos, infos)
+
+    def donating(self, key: Any, infos: dict, idx: tuple[int, ...]) -> Callable:
+        """A ``jax.jit`` for ``key`` that donates the state slots at ``idx``.
+
+        A traced program that would donate a slot it does not write back
+        raises :class:`_Redonate` before anything runs, so the caller can
+        retry with the slots it does write back.
+        """
+        made = self.donating_entries.get(key)
+        if made is not None and made[0] == idx:
+            self._infos = infos
+            return made[1]
+        if made is None:
+            self._note_structure(infos)
+        fn = jax.jit(
+            functools.partial(self._pure_donating, key, idx),
+            donate_argnums=(0,),
+            **self.jit_options,
+        )
+        self.donating_entries[key] = (idx, fn)
+        self._infos = infos
+        return fn
+
+    def _pure_donating(
+        self, key: Any, idx: tuple, donated: list, kept: list, args: tuple, kwargs: dict
+    ) -> tuple[Any, Changed]:
+        vals = list(kept)
+        for j, i in enumerate(idx):
+            vals[i] = donated[j]
+        saved = (self.num_traces, list(self.reasons), dict(self._last_sig), self._pending_reason)
+        out, changed = self._pure(key, vals, args, kwargs)
+        if not set(idx) <= set(changed.indices):
+            # Retract this trace: the caller redoes it with the right donation.
+            self.num_traces, self.reasons, self._last_sig, self._pending_reason = saved
+            raise _Redonate(changed.indices)
+        return out, changed
 
     def _note_trace(self, key: Any, vals: Sequence[Any], args: Any, kwargs: Any) -> None:
         state_sig = {
@@ -263,6 +319,44 @@ def _call(program: Program, jitted: Callable, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs: dict) -> Any:
+    """Like :func:`_call`, donating the old value of every slot the program rewrites.
+
+    The first call for a structure offers every slot for donation; its trace
+    reports which slots it really writes, and the program is made again
+    donating exactly those (one Python trace more, one XLA compile).
+    """
+    slots = program.slots
+    vals = [c[k] for c, k in slots]
+    made = program.donating_entries.get(key)
+    wanted = made[0] if made is not None else range(len(vals))
+    for _ in range(3):
+        idx = _unique_buffers(tuple(i for i in wanted if vals[i] is not None), vals)
+        jitted = program.donating(key, infos, idx)
+        kept = list(vals)
+        for i in idx:
+            kept[i] = None
+        try:
+            out, changed = jitted([vals[i] for i in idx], kept, args, kwargs)
+        except _Redonate as redo:
+            wanted = redo.changed
+            continue
+        for i, v in zip(changed.indices, changed.values):
+            c, k = slots[i]
+            c[k] = v
+        return out
+    raise RuntimeError("jm.compile: could not settle which state buffers to donate")
+
+
+def _unique_buffers(idx: tuple[int, ...], vals: list) -> tuple[int, ...]:
+    """Drop slots whose array also sits in another slot: donating it would free both."""
+    counts: dict[int, int] = {}
+    for v in vals:
+        if v is not None:
+            counts[id(v)] = counts.get(id(v), 0) + 1
+    return tuple(i for i in idx if counts[id(vals[i])] == 1)
+
+
 def _forward_arg_names(module: Any) -> list[str] | None:
     try:
         params = inspect.signature(module.forward).parameters.values()
@@ -330,9 +424,10 @@ jax.tree_util.register_pytree_node(_ObjectRef, lambda r: ((), r.index), lambda i
 class CompiledFunction:
     """``jm.compile(fn)``: ``fn`` and every state change it makes, as one XLA program."""
 
-    def __init__(self, fn: Callable, jit_options: dict):
+    def __init__(self, fn: Callable, jit_options: dict, donate: bool = True):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self.donate = donate
         self.program = Program(
             self._run, name=getattr(fn, "__qualname__", repr(fn)), jit_options=jit_options
         )
@@ -367,6 +462,8 @@ class CompiledFunction:
             key = (tuple(d.key for d in descs), _hooks.global_hook_key())
             self.program.set_state(tuple(objects), descs, with_grads=True)
             _check_not_meta(self.program.slots, self.program.names)
+            if self.donate:
+                return _call_donating(self.program, key, _merge_infos(descs), *tree)
             jitted = self.program.jitted(key, _merge_infos(descs))
             return _call(self.program, jitted, *tree)
 
@@ -382,7 +479,7 @@ def _merge_infos(descs: Sequence[structure.Description]) -> dict:
     return {f"[{i}].{p}": info for i, d in enumerate(descs) for p, info in d.infos.items()}
 
 
-def compile(fn: Callable | None = None, **jit_options: Any) -> Any:
+def compile(fn: Callable | None = None, *, donate: bool = True, **jit_options: Any) -> Any:
     """Compile ``fn`` whole, with the state of the modules it is given.
 
     Arguments that are modules (or other jmodule stateful objects, such as
@@ -406,8 +503,8 @@ def compile(fn: Callable | None = None, **jit_options: Any) -> Any:
     (2, 1)
     """
     if fn is None:
-        return functools.partial(compile, **jit_options)
-    return CompiledFunction(fn, jit_options)
+        return functools.partial(compile, donate=donate, **jit_options)
+    return CompiledFunction(fn, jit_options, donate)
 
 
 @dataclass(frozen=True)

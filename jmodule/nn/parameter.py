@@ -149,6 +149,10 @@ class _ArrayLike:
     __invert__ = _unary(operator.invert)
 
 
+def _differentiable(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
 class Parameter(_ArrayLike):
     """A module parameter: a ``jax.Array`` value plus ``requires_grad`` and ``grad``.
 
@@ -156,7 +160,8 @@ class Parameter(_ArrayLike):
         data: the initial value (jax/numpy array, torch tensor, or a
             ``jax.ShapeDtypeStruct`` for an abstract "meta" parameter).
             Defaults to an empty float32 array, as in PyTorch.
-        requires_grad: whether gradients are computed for it.
+        requires_grad: whether gradients are computed for it (only floating
+            and complex parameters can; integer ones need ``requires_grad=False``).
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
@@ -168,7 +173,12 @@ class Parameter(_ArrayLike):
     def __init__(self, data: Any = None, requires_grad: bool = True):
         if data is None:
             data = jnp.empty((0,), jnp.float32)
-        self.__dict__["_value"] = as_array(data)
+        value = as_array(data)
+        if requires_grad and not _differentiable(value.dtype):
+            raise RuntimeError(
+                "Only Tensors of floating point and complex dtype can require gradients"
+            )
+        self.__dict__["_value"] = value
         self.__dict__["_requires_grad"] = bool(requires_grad)
         self.__dict__["grad"] = None
 
@@ -180,12 +190,22 @@ class Parameter(_ArrayLike):
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         value = bool(value)
+        if value and not _differentiable(self.__dict__["_value"].dtype):
+            raise RuntimeError(
+                "only Tensors of floating point and complex dtype can require gradients"
+            )
         if value != self.__dict__["_requires_grad"]:
             self.__dict__["_requires_grad"] = value
             binding.bump()
 
     def requires_grad_(self, requires_grad: bool = True) -> Parameter:
-        """Set ``requires_grad`` in place and return the parameter."""
+        """Set ``requires_grad`` in place and return the parameter.
+
+        Raises:
+            RuntimeError: ``requires_grad`` for an integer or boolean parameter.
+        """
+        if requires_grad and not _differentiable(self.__dict__["_value"].dtype):
+            raise RuntimeError("only Tensors of floating point dtype can require gradients")
         self.requires_grad = requires_grad
         return self
 
@@ -201,12 +221,15 @@ class Parameter(_ArrayLike):
         return f"Parameter containing:\n{self.__dict__['_value']!r}"
 
     def __deepcopy__(self, memo: dict) -> Parameter:
+        # As PyTorch, a copy starts without ``.grad``; other attributes are kept.
         out = Parameter.__new__(type(self))
         memo[id(self)] = out
         out.__dict__.update(
-            _value=self.__dict__["_value"],  # jax arrays are immutable: sharing is a copy
+            # A real copy, as PyTorch's clone(): compiled steps donate (free)
+            # the buffers they rewrite, so two modules must never share one.
+            _value=_copy_array(self.__dict__["_value"]),
             _requires_grad=self.__dict__["_requires_grad"],
-            grad=self.__dict__["grad"],
+            grad=None,
         )
         for k, v in self.__dict__.items():
             if k not in out.__dict__:
@@ -214,7 +237,14 @@ class Parameter(_ArrayLike):
         return out
 
     def __reduce_ex__(self, protocol: int):
-        return (_rebuild_parameter, (type(self), self.__dict__.copy()))
+        # As PyTorch, ``.grad`` is not pickled.
+        return (_rebuild_parameter, (type(self), {**self.__dict__, "grad": None}))
+
+
+def _copy_array(value: Any) -> Any:
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+        return value.copy()
+    return value
 
 
 def _rebuild_parameter(cls: type, state: dict) -> Parameter:

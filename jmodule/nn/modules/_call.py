@@ -81,6 +81,10 @@ class CallMixin:
         return handle
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if binding.GRAD_STACK:
+            from jmodule.autograd import note_call
+
+            note_call(self)
         compiled = self._compiled
         if compiled is not None:
             return compiled(args, kwargs)

@@ -30,8 +30,9 @@ class IncompatibleKeys(NamedTuple):
     def __repr__(self) -> str:
         if not self.missing_keys and not self.unexpected_keys:
             return "<All keys matched successfully>"
+        # PyTorch prints its private subclass' name; print the same text.
         return (
-            f"IncompatibleKeys(missing_keys={self.missing_keys}, "
+            f"_IncompatibleKeys(missing_keys={self.missing_keys}, "
             f"unexpected_keys={self.unexpected_keys})"
         )
 
@@ -56,6 +57,10 @@ def _place_like(value: Any, like: Any) -> jax.Array:
     sharding = getattr(like, "sharding", None)
     if sharding is not None and getattr(arr, "sharding", None) != sharding:
         arr = jax.device_put(arr, sharding)
+    if arr is value or arr is getattr(value, "data", None):
+        # Copy, as PyTorch's copy_ does: two modules must not share one buffer,
+        # since a compiled step donates (frees) the buffers it rewrites.
+        arr = arr.copy()
     return arr
 
 

@@ -24,6 +24,13 @@ def _index(idx: Any, size: int) -> int:
     return idx % size
 
 
+def _check_factor(seq: Any, other: Any) -> None:
+    if not isinstance(other, int):
+        raise TypeError(f"unsupported operand type(s) for *: {type(seq)} and {type(other)}")
+    if other <= 0:
+        raise ValueError(f"Non-positive multiplication factor {other} for {type(seq)}")
+
+
 class Sequential(Module):
     """Modules applied one after another, as ``torch.nn.Sequential``.
 
@@ -84,6 +91,27 @@ class Sequential(Module):
         for module in list(other):
             self.append(module)
         return self
+
+    def __mul__(self, other: int) -> Sequential:
+        """A new Sequential repeating these modules (the same objects) ``other`` times."""
+        _check_factor(self, other)
+        combined = Sequential()
+        for _ in range(other):
+            for module in self:
+                combined.append(module)
+        return combined
+
+    def __rmul__(self, other: int) -> Sequential:
+        return self.__mul__(other)
+
+    def __imul__(self, other: int) -> Sequential:
+        _check_factor(self, other)
+        for module in list(self) * (other - 1):
+            self.append(module)
+        return self
+
+    def __dir__(self) -> list[str]:
+        return [k for k in super().__dir__() if not k.isdigit()]
 
     def append(self, module: Module) -> Sequential:
         """Add ``module`` at the end."""
@@ -381,9 +409,9 @@ class ParameterList(Module):
     def extend(self, values: Iterable[Any]) -> ParameterList:
         """Append every value."""
         if not isinstance(values, Iterable) or isinstance(values, (jax.Array, Parameter)):
+            name = "jax.Array" if isinstance(values, jax.Array) else type(values).__name__
             raise TypeError(
-                "ParameterList.extend should be called with an iterable, but got "
-                + type(values).__name__
+                "ParameterList.extend should be called with an iterable, but got " + name
             )
         for value in values:
             self.append(value)
@@ -532,3 +560,12 @@ class ParameterDict(Module):
         copy = self.copy()
         copy.update(other)
         return copy
+
+    def __ror__(self, other: ParameterDict) -> ParameterDict:
+        copy = other.copy()
+        copy.update(self)
+        return copy
+
+    def __ior__(self, other: ParameterDict) -> ParameterDict:
+        self.update(other)
+        return self
