@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -149,11 +150,12 @@ def _collect(
 
 
 class _GradContext:
-    """What a differentiation knows: the modules it bound, and strangers it met."""
+    """What a differentiation knows: the modules it bound, strangers it met, its trace."""
 
     def __init__(self, known: set[int]):
         self.known = known
         self.strangers: list[Any] = []
+        self.trace: Any = None
 
 
 def note_call(module: Any) -> None:
@@ -191,6 +193,7 @@ def _differentiate(
     ctx = _GradContext(known)
 
     def f(*vals: Any) -> tuple[Any, tuple[Any, dict[int, Any]]]:
+        ctx.trace = getattr(vals[0], "_trace", None) if vals else None
         binding.GRAD_STACK.append(ctx)
         try:
             with binding.bound([*value_slots, *state], [*vals, *state_vals], named):
@@ -221,6 +224,130 @@ def _differentiate(
         c, k = state[i]
         c[k] = v
     return loss, aux, grads, used
+
+
+# ----------------------------------------------------------------------------- backward hooks
+
+
+def _identity(values: tuple, on_grads: Callable[[tuple], tuple]) -> tuple:
+    """``values`` unchanged; on the way back, cotangents pass through ``on_grads``."""
+
+    @jax.custom_vjp
+    def ident(*xs: Any) -> tuple:
+        return xs
+
+    def fwd(*xs: Any) -> tuple[tuple, None]:
+        return xs, None
+
+    def bwd(_: None, grads: tuple) -> tuple:
+        return tuple(on_grads(tuple(grads)))
+
+    ident.defvjp(fwd, bwd)
+    return ident(*values)
+
+
+def _checked(new: Any, old: Sequence[Any], who: str, what: str) -> list[Any]:
+    if not isinstance(new, (tuple, list)):
+        new = (new,)
+    if len(new) != len(old):
+        raise RuntimeError(
+            f"{who} returned an invalid number of {what}, got {len(new)}, "
+            f"but expected {len(old)}"
+        )
+    return list(new)
+
+
+class BackwardHooks:
+    """PyTorch's ``BackwardHook``: identity functions around a module's inputs and
+    outputs whose VJPs run the module's backward pre-hooks and full backward hooks."""
+
+    def __init__(self, module: Any):
+        self.module = module
+        self.trace = binding.GRAD_STACK[-1].trace
+        self.n_inputs = 0
+        self.input_pos: list[int] = []
+        self.n_outputs = 0
+        self.output_pos: list[int] = []
+        self.grad_output: tuple = ()
+
+    def _is_diff(self, x: Any) -> bool:
+        return (
+            self.trace is not None
+            and isinstance(x, jax.core.Tracer)
+            and getattr(x, "_trace", None) is self.trace
+        )
+
+    def setup_input_hook(self, args: tuple) -> tuple:
+        self.n_inputs = len(args)
+        self.input_pos = [i for i, a in enumerate(args) if self._is_diff(a)]
+        if not self.input_pos:
+            return args
+        new = _identity(tuple(args[i] for i in self.input_pos), self._input_grads)
+        out = list(args)
+        for j, i in enumerate(self.input_pos):
+            out[i] = new[j]
+        return tuple(out)
+
+    def setup_output_hook(self, result: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(result)
+        self.n_outputs = len(leaves)
+        self.output_pos = [i for i, o in enumerate(leaves) if self._is_diff(o)]
+        if not self.output_pos:
+            return result
+        new = _identity(tuple(leaves[i] for i in self.output_pos), self._output_grads)
+        for j, i in enumerate(self.output_pos):
+            leaves[i] = new[j]
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def _output_grads(self, grads: tuple) -> tuple:
+        module = self.module
+        grad_output: list[Any] = [None] * self.n_outputs
+        for j, i in enumerate(self.output_pos):
+            grad_output[i] = grads[j]
+        for hook in module._backward_pre_hooks.values():
+            res = hook(module, tuple(grad_output))
+            if res is not None:
+                grad_output = _checked(res, grad_output, "Backward pre hook", "grad_output")
+        self.grad_output = tuple(grad_output)
+        if not self.input_pos and module._backward_hooks:
+            # No input needs a gradient: PyTorch calls the hooks from here, and warns.
+            warnings.warn(
+                "Full backward hook is firing when gradients are computed with respect to "
+                "module outputs since no inputs require gradients. See "
+                "https://docs.pytorch.org/docs/main/generated/torch.nn.Module.html"
+                "#torch.nn.Module.register_full_backward_hook for more details.",
+                UserWarning,
+                stacklevel=2,
+            )
+            for hook in module._backward_hooks.values():
+                hook(module, (None,) * self.n_inputs, self.grad_output)
+        return tuple(_like(grad_output[i], grads[j]) for j, i in enumerate(self.output_pos))
+
+    def _input_grads(self, grads: tuple) -> tuple:
+        module = self.module
+        grad_input: list[Any] = [None] * self.n_inputs
+        for j, i in enumerate(self.input_pos):
+            grad_input[i] = grads[j]
+        for hook in module._backward_hooks.values():
+            res = hook(module, tuple(grad_input), self.grad_output)
+            if res is not None:
+                grad_input = _checked(res, grad_input, "Backward hook", "grad_input")
+        return tuple(_like(grad_input[i], grads[j]) for j, i in enumerate(self.input_pos))
+
+
+def _like(value: Any, ref: jax.Array) -> jax.Array:
+    """A hook's replacement gradient as an array shaped and typed like ``ref``."""
+    if value is None:
+        return jnp.zeros_like(ref)
+    value = jnp.asarray(getattr(value, "data", value), ref.dtype)
+    if value.shape != ref.shape:
+        raise RuntimeError(
+            f"Backward hook returned a gradient of shape {value.shape}, expected {ref.shape}"
+        )
+    return value
+
+
+# ----------------------------------------------------------------------------- public
 
 
 def backward(

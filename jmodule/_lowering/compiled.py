@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.extend.core import jaxpr_as_fun
 
 from jmodule import random as _random
 from jmodule._lowering import binding, structure
@@ -178,6 +179,7 @@ class Program:
         self.arg_names = arg_names
         self.entries: dict[Any, Any] = {}
         self.donating_entries: dict[Any, tuple[tuple, Callable]] = {}
+        self._replay: dict[Any, tuple[Any, Any]] = {}
         self.num_traces = 0
         self.reasons: list[str] = []
         # Set before each call: what the pure function binds when it traces.
@@ -227,16 +229,30 @@ class Program:
     def _pure_donating(
         self, key: Any, idx: tuple, donated: list, kept: list, args: tuple, kwargs: dict
     ) -> tuple[Any, Changed]:
+        """``_pure`` for a donating program, running the user's Python once per trace.
+
+        The Python function is staged to a jaxpr first; if the program would
+        donate a slot it does not write back, the jaxpr is kept and
+        :class:`_Redonate` raised, and the retry replays the jaxpr instead of
+        running the Python (and its side effects) a second time.
+        """
         vals = list(kept)
         for j, i in enumerate(idx):
             vals[i] = donated[j]
-        saved = (self.num_traces, list(self.reasons), dict(self._last_sig), self._pending_reason)
-        out, changed = self._pure(key, vals, args, kwargs)
-        if not set(idx) <= set(changed.indices):
-            # Retract this trace: the caller redoes it with the right donation.
-            self.num_traces, self.reasons, self._last_sig, self._pending_reason = saved
-            raise _Redonate(changed.indices)
-        return out, changed
+        leaves, treedef = jax.tree_util.tree_flatten((vals, args, kwargs))
+        sig = (key, treedef, tuple((v.shape, v.dtype, v.aval.weak_type) for v in leaves))
+        recorded = self._replay.pop(sig, None)
+        if recorded is None:
+            closed, shapes = jax.make_jaxpr(functools.partial(self._pure, key), return_shape=True)(
+                vals, args, kwargs
+            )
+            recorded = (closed, jax.tree_util.tree_structure(shapes))
+            if not set(idx) <= set(shapes[1].indices):
+                self._replay[sig] = recorded
+                raise _Redonate(shapes[1].indices)
+        closed, out_tree = recorded
+        flat = jaxpr_as_fun(closed)(*leaves)
+        return jax.tree_util.tree_unflatten(out_tree, flat)
 
     def _note_trace(self, key: Any, vals: Sequence[Any], args: Any, kwargs: Any) -> None:
         state_sig = {

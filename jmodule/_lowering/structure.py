@@ -25,6 +25,7 @@ class ModuleInfo:
     training: bool
     pre_hooks: tuple[int, ...]
     hooks: tuple[int, ...]
+    backward_hooks: tuple[int, ...]
     params: tuple[tuple[str, bool], ...]
     buffers: tuple[str, ...]
     children: tuple[str, ...]
@@ -81,6 +82,7 @@ def describe(root: Any) -> Description:
             training=d["training"],
             pre_hooks=tuple(d["_forward_pre_hooks"]),
             hooks=tuple(d["_forward_hooks"]),
+            backward_hooks=(*d["_backward_pre_hooks"], *d["_backward_hooks"]),
             params=tuple(params),
             buffers=tuple(buffers),
             children=tuple(k for k, v in d["_modules"].items() if v is not None),
@@ -128,6 +130,7 @@ def structural_change(old: dict[str, ModuleInfo], new: dict[str, ModuleInfo]) ->
         for kind, a, b in (
             ("forward pre-hook", o.pre_hooks, n.pre_hooks),
             ("forward hook", o.hooks, n.hooks),
+            ("backward hook", o.backward_hooks, n.backward_hooks),
         ):
             if len(b) > len(a):
                 return f"{kind} added on {_where(path)}"

@@ -80,6 +80,75 @@ class CallMixin:
         binding.bump()
         return handle
 
+    def register_full_backward_pre_hook(
+        self, hook: Callable, prepend: bool = False
+    ) -> RemovableHandle:
+        """Register ``hook(module, grad_output)`` to run when output gradients are ready.
+
+        It may return a replacement ``grad_output`` tuple. It fires inside
+        ``jm.backward``/``jm.grad``: eagerly with concrete arrays, and in
+        compiled code once, when the program is traced.
+        """
+        handle = RemovableHandle(self._backward_pre_hooks)
+        self._backward_pre_hooks[handle.id] = hook
+        if prepend:
+            self._backward_pre_hooks.move_to_end(handle.id, last=False)
+        binding.bump()
+        return handle
+
+    def register_full_backward_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """Register ``hook(module, grad_input, grad_output)`` to run after input gradients.
+
+        ``grad_input`` and ``grad_output`` are tuples aligned with the
+        module's positional inputs and its outputs (``None`` where an input
+        is not an array or does not depend on differentiated parameters).
+        It may return a replacement ``grad_input``. Parameter gradients are
+        not affected, as in PyTorch.
+
+        Raises:
+            RuntimeError: the module already has a non-full backward hook.
+
+        >>> import jax.numpy as jnp
+        >>> import jmodule as jm
+        >>> lin, scale = jm.nn.Linear(2, 2), jm.nn.Linear(2, 1)
+        >>> seen = []
+        >>> _ = scale.register_full_backward_hook(lambda m, gi, go: seen.append(go[0].shape))
+        >>> _ = jm.backward(lambda: scale(lin(jnp.ones((3, 2)))).sum())
+        >>> seen
+        [(3, 1)]
+        """
+        return self._add_backward_hook(hook, prepend, full=True)
+
+    def register_backward_hook(self, hook: Callable) -> RemovableHandle:
+        """Deprecated in PyTorch; here it behaves as :meth:`register_full_backward_hook`.
+
+        PyTorch's old hook reports the gradients of the *last operation*
+        inside the module, which has no meaning for a JAX program; jmodule
+        gives it the full-hook semantics PyTorch recommends, and warns.
+        """
+        warnings.warn(
+            "register_backward_hook is deprecated: jmodule runs it with "
+            "register_full_backward_hook's semantics (grad_input = gradients of the module's "
+            "inputs). Use register_full_backward_hook.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self._add_backward_hook(hook, False, full=False)
+
+    def _add_backward_hook(self, hook: Callable, prepend: bool, full: bool) -> RemovableHandle:
+        if self._is_full_backward_hook is (not full):
+            raise RuntimeError(
+                "Cannot use both regular backward hooks and full backward hooks on a single "
+                "Module. Please use only one of them."
+            )
+        self.__dict__["_is_full_backward_hook"] = full
+        handle = RemovableHandle(self._backward_hooks)
+        self._backward_hooks[handle.id] = hook
+        if prepend:
+            self._backward_hooks.move_to_end(handle.id, last=False)
+        binding.bump()
+        return handle
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if binding.GRAD_STACK:
             from jmodule.autograd import note_call
@@ -92,8 +161,12 @@ class CallMixin:
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` with the forward hooks, as PyTorch's ``_call_impl``."""
+        backward = bool(binding.GRAD_STACK) and bool(
+            self._backward_hooks or self._backward_pre_hooks
+        )
         if not (
-            self._forward_pre_hooks
+            backward
+            or self._forward_pre_hooks
             or self._forward_hooks
             or _hooks._global_forward_pre_hooks
             or _hooks._global_forward_hooks
@@ -119,6 +192,11 @@ class CallMixin:
                     out = hook(self, args)
                     if out is not None:
                         args = out if isinstance(out, tuple) else (out,)
+            if backward:
+                from jmodule.autograd import BackwardHooks
+
+                bw_hook = BackwardHooks(self)
+                args = bw_hook.setup_input_hook(args)
             result = self.forward(*args, **kwargs)
             for hook_id, hook in (
                 *_hooks._global_forward_hooks.items(),
@@ -138,6 +216,8 @@ class CallMixin:
                     out = hook(self, args, result)
                 if out is not None:
                     result = out
+            if backward:
+                result = bw_hook.setup_output_hook(result)
             return result
         except Exception:
             self._run_always_called_hooks(args, kwargs, result, called)

@@ -107,8 +107,11 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             "_state_dict_pre_hooks",
             "_load_state_dict_pre_hooks",
             "_load_state_dict_post_hooks",
+            "_backward_pre_hooks",
+            "_backward_hooks",
         ):
             d[name] = OrderedDict()
+        d["_is_full_backward_hook"] = None
         d["_stamp"] = next(_stamps)
         binding.bump()
         if self.call_super_init:  # cooperative multiple inheritance, as PyTorch
