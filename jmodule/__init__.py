@@ -11,6 +11,7 @@
 from jmodule import func as func
 from jmodule import nn as nn
 from jmodule import random as random
+from jmodule.summary import summary as summary
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile as compile
