@@ -531,6 +531,11 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
 
         return module_html(self)
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        from jmodule._display import treescope_repr
+
+        return treescope_repr(self, path, subtree_renderer)
+
     def _jm_describe(self) -> Any:
         """Structure key and state slots, for compiled programs (cached per epoch)."""
         from jmodule._lowering.structure import describe
