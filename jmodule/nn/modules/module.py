@@ -50,6 +50,14 @@ def _typename(obj: Any) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+def _looks_like_nnx(value: Any) -> bool:
+    """A Flax NNX module (it becomes a ``FlaxModule`` submodule when assigned)."""
+    return any(
+        c.__name__ == "Module" and c.__module__.startswith("flax.nnx")
+        for c in type(value).__mro__[1:]
+    )
+
+
 def _is_array(value: Any) -> bool:
     return isinstance(value, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
 
@@ -206,6 +214,10 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
 
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
+        if _looks_like_nnx(value):
+            from jmodule.nn.flax import FlaxModule
+
+            value = FlaxModule(value)
         params = d.get("_parameters")
         if isinstance(value, Parameter):
             if params is None:
