@@ -1,12 +1,11 @@
 """Gradients the PyTorch way, computed by JAX: ``jm.backward``, ``jm.grad``.
 
 ``jm.backward(closure)`` is ``loss.backward()`` for a world without a tape:
-it runs ``closure()`` once with every ``requires_grad`` parameter of the
-modules the closure uses bound to JAX tracers, linearises the loss with
-``jax.linearize``, transposes it, and accumulates the gradients into
-``param.grad`` exactly as PyTorch does (parameters the loss does not depend
-on keep ``grad=None``). Buffer writes and random draws made by the closure
-persist, as they would eagerly. The same code runs inside ``jm.compile``,
+it runs ``closure()`` once under ``jax.vjp`` with every ``requires_grad``
+parameter of the modules the closure uses bound to JAX tracers, and
+accumulates the gradients into ``param.grad`` exactly as PyTorch does
+(parameters no gradient reaches keep ``grad=None``). Buffer writes and
+random draws made by the closure persist, as they would eagerly. The same code runs inside ``jm.compile``,
 where it becomes part of one XLA program.
 
 Which modules? Those reachable from the closure: its free variables,
@@ -26,7 +25,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Var as _Var
 
 from jmodule import random as _random
 from jmodule._lowering import binding
@@ -165,14 +163,22 @@ def note_call(module: Any) -> None:
         ctx.strangers.append(module)
 
 
-def _used_inputs(f_jvp: Callable, primals: Sequence[Any]) -> list[bool]:
-    """Which inputs the linearised function's output depends on."""
-    jaxpr = jax.make_jaxpr(f_jvp)(*primals).jaxpr
-    needed = {v for v in jaxpr.outvars if isinstance(v, _Var)}
-    for eqn in reversed(jaxpr.eqns):
-        if any(v in needed for v in eqn.outvars):
-            needed.update(v for v in eqn.invars if isinstance(v, _Var))
-    return [v in needed for v in jaxpr.invars]
+def _marker(i: int, used: set[int]) -> Callable[[Any], Any]:
+    """An identity whose VJP records ``i``: JAX skips it when no gradient reaches it."""
+
+    @jax.custom_vjp
+    def mark(x: Any) -> Any:
+        return x
+
+    def fwd(x: Any) -> tuple[Any, None]:
+        return x, None
+
+    def bwd(_: None, g: Any) -> tuple[Any]:
+        used.add(i)
+        return (g,)
+
+    mark.defvjp(fwd, bwd)
+    return mark
 
 
 def _differentiate(
@@ -192,7 +198,11 @@ def _differentiate(
     state_vals = [c[k] for c, k in state]
     ctx = _GradContext(known)
 
+    used: set[int] = set()
+
     def f(*vals: Any) -> tuple[Any, tuple[Any, dict[int, Any]]]:
+        if want_used:
+            vals = tuple(_marker(i, used)(v) for i, v in enumerate(vals))
         ctx.trace = getattr(vals[0], "_trace", None) if vals else None
         binding.GRAD_STACK.append(ctx)
         try:
@@ -210,7 +220,7 @@ def _differentiate(
             )
         return loss, (aux, changed)
 
-    loss, f_jvp, (aux, changed) = jax.linearize(f, *primals, has_aux=True)
+    loss, vjp_fn, (aux, changed) = jax.vjp(f, *primals, has_aux=True)
     if ctx.strangers:
         names = ", ".join(sorted({type(m).__name__ for m in ctx.strangers}))
         raise RuntimeError(
@@ -218,12 +228,11 @@ def _differentiate(
             "did not find it among the closure's variables, so it would get no gradient. Name "
             "the modules to differentiate explicitly, e.g. jm.backward(closure, inputs=[model])."
         )
-    used = _used_inputs(f_jvp, primals) if want_used else None
-    grads = list(jax.linear_transpose(f_jvp, *primals)(jnp.ones_like(loss)))
+    grads = list(vjp_fn(jnp.ones_like(loss)))
     for i, v in changed.items():
         c, k = state[i]
         c[k] = v
-    return loss, aux, grads, used
+    return loss, aux, grads, ([i in used for i in range(len(params))] if want_used else None)
 
 
 # ----------------------------------------------------------------------------- backward hooks
@@ -251,8 +260,7 @@ def _checked(new: Any, old: Sequence[Any], who: str, what: str) -> list[Any]:
         new = (new,)
     if len(new) != len(old):
         raise RuntimeError(
-            f"{who} returned an invalid number of {what}, got {len(new)}, "
-            f"but expected {len(old)}"
+            f"{who} returned an invalid number of {what}, got {len(new)}, but expected {len(old)}"
         )
     return list(new)
 

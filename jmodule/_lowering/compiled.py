@@ -179,6 +179,8 @@ class Program:
         self.arg_names = arg_names
         self.entries: dict[Any, Any] = {}
         self.donating_entries: dict[Any, tuple[tuple, Callable]] = {}
+        #: ``(key, donated indices, jitted)`` of the last donating call.
+        self.last_donating: tuple | None = None
         self._replay: dict[Any, tuple[Any, Any]] = {}
         self.num_traces = 0
         self.reasons: list[str] = []
@@ -190,6 +192,9 @@ class Program:
         self._infos: dict | None = None
         self._pending_reason = "first call"
         self._last_sig: dict[Any, tuple[dict, dict]] = {}
+        #: Called as ``hook(key, vals, args, kwargs, reason)`` each time the program is
+        #: traced (inside the trace; never on the per-call path). Used by ``jm.jit``.
+        self.on_trace: list[Callable[[Any, Sequence[Any], Any, Any, str], None]] = []
 
     def jitted(self, key: Any, infos: dict) -> Callable:
         """The ``jax.jit`` function for structure ``key`` (made on first use)."""
@@ -273,6 +278,8 @@ class Program:
         self.num_traces += 1
         self.reasons.append(reason)
         logger.info("compiling %s (trace %d): %s", self.name, self.num_traces, reason)
+        for hook in self.on_trace:
+            hook(key, vals, args, kwargs, reason)
 
     def _pure(self, key: Any, vals: list, args: tuple, kwargs: dict) -> tuple[Any, Changed]:
         self._note_trace(key, vals, args, kwargs)
@@ -344,11 +351,19 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
     """
     slots = program.slots
     vals = [c[k] for c, k in slots]
-    made = program.donating_entries.get(key)
-    wanted = made[0] if made is not None else range(len(vals))
+    last = program.last_donating
+    if last is not None and last[0] is key:  # the per-call path: no hashing
+        wanted, cached = last[1], last[2]
+    else:
+        made = program.donating_entries.get(key)
+        wanted, cached = (made[0] if made is not None else tuple(range(len(vals)))), None
     for _ in range(3):
         idx = _unique_buffers(tuple(i for i in wanted if vals[i] is not None), vals)
-        jitted = program.donating(key, infos, idx)
+        if cached is not None and idx == wanted:
+            jitted = cached
+        else:
+            jitted = program.donating(key, infos, idx)
+        program.last_donating = (key, idx, jitted)
         kept = list(vals)
         for i in idx:
             kept[i] = None
@@ -366,6 +381,9 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
 
 def _unique_buffers(idx: tuple[int, ...], vals: list) -> tuple[int, ...]:
     """Drop slots whose array also sits in another slot: donating it would free both."""
+    ids = [id(v) for v in vals if v is not None]
+    if len(set(ids)) == len(ids):
+        return idx
     counts: dict[int, int] = {}
     for v in vals:
         if v is not None:
@@ -444,6 +462,8 @@ class CompiledFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.donate = donate
+        self._last: tuple | None = None
+        self._epoch = -1
         self.program = Program(
             self._run, name=getattr(fn, "__qualname__", repr(fn)), jit_options=jit_options
         )
@@ -456,32 +476,94 @@ class CompiledFunction:
         )
         return self.fn(*args, **kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, dict, tuple]:
+        """Point the program at this call's objects; return (key, infos, jit arguments).
+
+        The per-call path: when every argument is a stateful object or a
+        plain array and the objects' descriptions are the very ones of the
+        last call (nothing structural changed), the key, infos and slots of
+        the last call are reused without hashing or walking anything.
+        """
+        objects: list[Any] = []
+        if not kwargs:
+            flat = []
+            for a in args:
+                if type(a) is _ArrayImpl:
+                    flat.append(a)
+                elif _is_stateful(a):
+                    for i, o in enumerate(objects):
+                        if o is a:
+                            flat.append(_ObjectRef(i))
+                            break
+                    else:
+                        flat.append(_ObjectRef(len(objects)))
+                        objects.append(a)
+                else:
+                    break
+            else:
+                descs = [o._jm_describe() for o in objects]
+                last = self._last
+                if (
+                    last is not None
+                    and len(descs) == len(last[0])
+                    and all(a is b for a, b in zip(descs, last[0]))
+                    and all(a is b for a, b in zip(objects, self.program.objects))
+                ):
+                    return last[1], last[2], (tuple(flat), {})
+                return self._describe(objects, descs, (tuple(flat), {}))
+            objects = []
+        index: dict[int, int] = {}
+
+        def leaf(x: Any) -> Any:
+            if _is_stateful(x):
+                if id(x) not in index:
+                    index[id(x)] = len(objects)
+                    objects.append(x)
+                return _ObjectRef(index[id(x)])
+            return wrap_leaf(x)
+
+        tree = jax.tree_util.tree_map(
+            leaf, (args, kwargs), is_leaf=lambda x: _is_stateful(x) or _is_param(x)
+        )
+        return self._describe(objects, [o._jm_describe() for o in objects], tree)
+
+    def _describe(self, objects: list[Any], descs: list[Any], tree: tuple) -> tuple:
         from jmodule.nn.modules import _hooks
 
+        key = (tuple(d.key for d in descs), _hooks.global_hook_key())
+        self.program.set_state(tuple(objects), descs, with_grads=True)
+        _check_not_meta(self.program.slots, self.program.names)
+        infos = _merge_infos(descs)
+        self._last = (tuple(descs), key, infos)
+        return key, infos, tree
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with LOCK:
-            objects: list[Any] = []
-            index: dict[int, int] = {}
-
-            def leaf(x: Any) -> Any:
-                if _is_stateful(x):
-                    if id(x) not in index:
-                        index[id(x)] = len(objects)
-                        objects.append(x)
-                    return _ObjectRef(index[id(x)])
-                return wrap_leaf(x)
-
-            tree = jax.tree_util.tree_map(
-                leaf, (args, kwargs), is_leaf=lambda x: _is_stateful(x) or _is_param(x)
-            )
-            descs = [o._jm_describe() for o in objects]
-            key = (tuple(d.key for d in descs), _hooks.global_hook_key())
-            self.program.set_state(tuple(objects), descs, with_grads=True)
-            _check_not_meta(self.program.slots, self.program.names)
+            if self._epoch != binding.EPOCH.value:
+                self._last = None  # global hooks or structure changed somewhere
+                self._epoch = binding.EPOCH.value
+            key, infos, tree = self._prepare(args, kwargs)
             if self.donate:
-                return _call_donating(self.program, key, _merge_infos(descs), *tree)
-            jitted = self.program.jitted(key, _merge_infos(descs))
-            return _call(self.program, jitted, *tree)
+                return _call_donating(self.program, key, infos, *tree)
+            return _call(self.program, self.program.jitted(key, infos), *tree)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """The ``jax.stages.Lowered`` program a call with these arguments runs.
+
+        Call the function once first so donation is settled; then
+        ``.compile().memory_analysis()`` / ``.cost_analysis()`` / ``.as_text()``
+        describe exactly what runs.
+        """
+        with LOCK:
+            key, infos, (a, k) = self._prepare(args, kwargs)
+            vals = [c[n] for c, n in self.program.slots]
+            made = self.program.donating_entries.get(key) if self.donate else None
+            if made is None:
+                return self.program.jitted(key, infos).lower(vals, a, k)
+            idx = _unique_buffers(tuple(i for i in made[0] if vals[i] is not None), vals)
+            kept = [None if i in idx else v for i, v in enumerate(vals)]
+            fn = self.program.donating(key, infos, idx)
+            return fn.lower([vals[i] for i in idx], kept, a, k)
 
     @property
     def num_traces(self) -> int:
