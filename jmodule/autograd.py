@@ -5,8 +5,8 @@ it runs ``closure()`` once under ``jax.vjp`` with every ``requires_grad``
 parameter of the modules the closure uses bound to JAX tracers, and
 accumulates the gradients into ``param.grad`` exactly as PyTorch does
 (parameters no gradient reaches keep ``grad=None``). Buffer writes and
-random draws made by the closure persist, as they would eagerly. The same code runs inside ``jm.compile``,
-where it becomes part of one XLA program.
+random draws made by the closure persist, as they would eagerly. The same
+code runs inside ``jm.compile``, where it becomes part of one XLA program.
 
 Which modules? Those reachable from the closure: its free variables,
 the globals it names, the ``self`` of a bound method, a ``functools.partial``'s
