@@ -8,7 +8,9 @@
 (3, 2)
 """
 
+from jmodule import checkpoint as checkpoint
 from jmodule import func as func
+from jmodule import serialization as serialization
 from jmodule import nn as nn
 from jmodule import random as random
 from jmodule.summary import summary as summary
@@ -49,5 +51,7 @@ from jmodule.random import Generator as Generator
 from jmodule.random import initial_seed as initial_seed
 from jmodule.random import manual_seed as manual_seed
 from jmodule.random import seed as seed
+from jmodule.serialization import load as load
+from jmodule.serialization import save as save
 
 __version__ = "0.1.0.dev0"
