@@ -207,7 +207,7 @@ batch = {
 }
 ours = np.asarray(model(**batch))
 
-from sentence_transformers import SentenceTransformer  # noqa: E402
+from sentence_transformers import SentenceTransformer
 
 reference = SentenceTransformer(str(MODEL_DIR), device="cpu").encode(sentences)
 cosine = (ours * reference).sum(1) / (
