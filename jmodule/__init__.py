@@ -10,6 +10,8 @@
 
 from jmodule import checkpoint as checkpoint
 from jmodule import func as func
+from jmodule import jit as jit
+from jmodule import optim as optim
 from jmodule import serialization as serialization
 from jmodule import nn as nn
 from jmodule import random as random

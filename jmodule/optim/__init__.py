@@ -1,0 +1,17 @@
+"""Optimizers with PyTorch's interface and optax's arithmetic (``torch.optim``).
+
+>>> import jax.numpy as jnp
+>>> import jmodule as jm
+>>> model = jm.nn.Linear(3, 1)
+>>> opt = jm.optim.Adam(model.parameters(), lr=1e-3)
+>>> sched = jm.optim.lr_scheduler.StepLR(opt, step_size=10)
+"""
+
+from jmodule.optim import lr_scheduler as lr_scheduler
+from jmodule.optim.adagrad import Adagrad as Adagrad
+from jmodule.optim.adam import Adam as Adam
+from jmodule.optim.adam import AdamW as AdamW
+from jmodule.optim.optimizer import Optimizer as Optimizer
+from jmodule.optim.optimizer import TorchOptimizer as TorchOptimizer
+from jmodule.optim.rmsprop import RMSprop as RMSprop
+from jmodule.optim.sgd import SGD as SGD

@@ -1,0 +1,778 @@
+"""``Optimizer``: PyTorch's optimizer interface, with optax doing the arithmetic.
+
+Two kinds share this interface:
+
+* ``Optimizer(params, transformation)`` wraps any optax transformation. Each
+  param group is one pytree (the list of its parameters) with one optax
+  state, exactly as optax would run it.
+* The PyTorch optimizers (``SGD``, ``Adam``, ...) subclass
+  :class:`TorchOptimizer`: one optax state per parameter, because PyTorch keeps
+  state (and the ``step`` count) per parameter, creates it on the first step
+  a parameter has a gradient, and skips parameters whose ``.grad`` is None.
+  Each builds its optax chain from the group's options with
+  ``_transformation`` and names the optax state leaves with PyTorch's names
+  (``exp_avg``, ``momentum_buffer``, ...), so ``state_dict()`` has PyTorch's
+  layout.
+
+State lives in plain dicts of arrays (the optax state tree flattened, its
+treedef kept aside), and hyper-parameters (``lr``, ``betas``, ...) are held
+as one float32 array per group, refreshed when the Python values change.
+That is what ``jm.compile`` binds (``_jm_describe``): a compiled training
+step reads the learning rate as an input, so a scheduler changing it never
+recompiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jmodule._lowering import binding, structure
+from jmodule.nn.parameter import Parameter, as_array
+
+__all__ = ["Optimizer", "ParamsT", "TorchOptimizer"]
+
+ParamsT = Iterable[Parameter] | Iterable[tuple[str, Parameter]] | Iterable[dict[str, Any]]
+
+NOT_GIVEN_HELP = (
+    "{cls}.step() ran inside a compiled function that was not given the optimizer, so "
+    "its state could not be carried in and out of the program. Pass the optimizer as an "
+    "argument: `@jm.compile def train_step(model, opt, x, y): ...`."
+)
+CHANGED_INSIDE_HELP = (
+    "{what} changed inside a compiled function. A compiled step reads the optimizer's "
+    "options as inputs when it is called, so a change made while it runs would be lost. "
+    "Change them (or step the LR scheduler) outside the compiled function."
+)
+NESTED_BACKWARD_HELP = (
+    "The closure given to {cls}.step() computed gradients itself (it called jm.backward), "
+    "but its code does not name `backward`, so the optimizer took it for a closure that "
+    "only returns the loss and was already differentiating it. Either call jm.backward "
+    "directly in the closure's body (PyTorch style), or return the loss without calling it."
+)
+
+
+def _leaf_name(path: tuple) -> tuple[str, ...]:
+    """``(DictKey('adam'), GetAttrKey('mu'))`` -> ``('adam', 'mu')``."""
+    out = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                out.append(str(getattr(k, attr)))
+                break
+    return tuple(out)
+
+
+def _names_backward(fn: Any, depth: int = 0) -> bool:
+    """Whether ``fn``'s code (nested functions included) names ``backward``."""
+    if depth > 3:
+        return False
+    if isinstance(fn, functools.partial):
+        return _names_backward(fn.func, depth + 1)
+    if isinstance(fn, types.MethodType):
+        return _names_backward(fn.__func__, depth + 1)
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: look at its class's __call__
+        return callable(fn) and _names_backward(type(fn).__call__, depth + 1)
+
+    def scan(c: types.CodeType) -> bool:
+        if "backward" in c.co_names:
+            return True
+        return any(isinstance(k, types.CodeType) and scan(k) for k in c.co_consts)
+
+    return scan(code)
+
+
+class Optimizer:
+    """PyTorch's optimizer interface over an optax transformation.
+
+    ``Optimizer(params, transformation)`` runs ``transformation`` (any
+    ``optax.GradientTransformation``) on each param group, with the group's
+    parameters as one pytree (a list) and one optax state per group. As in
+    PyTorch, a parameter whose ``.grad`` is None is not changed; since an
+    optax transformation sees the whole group at once, it is given a zero
+    gradient for it (its state entries still advance). A group where no
+    parameter has a gradient is skipped entirely.
+
+    The transformation holds its own hyper-parameters, so the groups have no
+    ``lr`` for ``lr_scheduler`` to change: schedule inside optax instead
+    (``optax.adam(optax.cosine_decay_schedule(1e-3, 1000))``).
+
+    Args:
+        params: an iterable of Parameters, of ``(name, Parameter)`` pairs, or
+            of dicts defining param groups (``{"params": [...]}``).
+        transformation: the optax transformation.
+
+    >>> import jax.numpy as jnp, optax
+    >>> import jmodule as jm
+    >>> w = jm.nn.Parameter(jnp.ones(2))
+    >>> opt = jm.optim.Optimizer([w], optax.sgd(0.5))
+    >>> w.grad = jnp.ones(2)
+    >>> opt.step()
+    >>> w.data
+    Array([0.5, 0.5], dtype=float32)
+    """
+
+    #: ``(name, group key, index)`` of the float options held as arrays.
+    _hyper: tuple[tuple[str, str, int | None], ...] = ()
+
+    def __init__(self, params: ParamsT, transformation: Any):
+        if isinstance(transformation, optax.GradientTransformation):
+            self._tx: optax.GradientTransformation | None = transformation
+            defaults: dict[str, Any] = {}
+        elif isinstance(transformation, dict) and isinstance(self, TorchOptimizer):
+            self._tx = None
+            defaults = transformation
+        else:
+            raise TypeError(
+                "Optimizer(params, transformation) takes an optax.GradientTransformation "
+                f"(e.g. optax.adam(1e-3)); got {type(transformation).__name__}"
+            )
+        self.defaults = defaults
+        self.state: defaultdict[Parameter, dict[str, Any]] = defaultdict(dict)
+        self.param_groups: list[dict[str, Any]] = []
+        self._hp: dict[str, jax.Array] = {}  # slot container: one array per group
+        self._hp_floats: dict[str, tuple[float, ...]] = {}
+        self._jitted: dict[Any, Callable] = {}
+        self._version = 0
+        self._desc_sig: Any = None
+        self._desc: structure.Description | None = None
+        self._opt_called = False
+        self._init_storage()
+        if isinstance(params, (jax.Array, Parameter)):
+            raise TypeError(
+                "params argument given to the optimizer should be an iterable of Parameters "
+                f"or dicts, but got {type(params).__name__}"
+            )
+        groups = list(params)
+        if len(groups) == 0:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    # ------------------------------------------------------------------ groups
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a param group (with its own options) to ``param_groups``.
+
+        Args:
+            param_group: ``{"params": [...], **options}``; options not given
+                take the optimizer's defaults.
+
+        Raises:
+            TypeError: not a dict, a set of params, or a non-Parameter.
+            ValueError: a parameter already in another group, or names given
+                for some parameters but not others.
+        """
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        params = param_group["params"]
+        if isinstance(params, Parameter):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError(
+                "optimizer parameters need to be organized in ordered collections, but the "
+                "ordering of tensors in sets will change between runs. Please use a list instead."
+            )
+        else:
+            params = list(params)
+        names = [p[0] for p in params if isinstance(p, tuple)]
+        params = [p[1] if isinstance(p, tuple) else p for p in params]
+        if names:
+            if len(names) != len(params):
+                raise ValueError(
+                    "all optimizer params should be with/without names. Some param names are "
+                    "missing"
+                )
+            param_group["param_names"] = names
+        param_group["params"] = params
+        for p in params:
+            if not isinstance(p, Parameter):
+                raise TypeError(
+                    "optimizer can only optimize Parameters, but one of the params is "
+                    f"{type(p).__module__}.{type(p).__qualname__} (wrap arrays in "
+                    "jm.nn.Parameter so the optimizer can update them in place)"
+                )
+        for name, default in self.defaults.items():
+            param_group.setdefault(name, default)
+        if len({id(p) for p in params}) != len(params):
+            warnings.warn(
+                "optimizer contains a parameter group with duplicate parameters; in future, this "
+                "will cause an error; see github.com/pytorch/pytorch/issues/40967 for more "
+                "information",
+                stacklevel=3,
+            )
+        seen: set[int] = set()
+        for group in self.param_groups:
+            seen.update(id(p) for p in group["params"])
+            if ("param_names" in param_group) != ("param_names" in group):
+                which = "with names" if "param_names" in param_group else "without names"
+                raise ValueError(
+                    "all optimizer param groups should be with/without names. "
+                    f"cannot add param group {which} to the optimizer"
+                )
+        if any(id(p) in seen for p in params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(param_group)
+        self._version += 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the ``.grad`` of every parameter (set it to None, or to zeros).
+
+        >>> import jax.numpy as jnp
+        >>> import jmodule as jm
+        >>> w = jm.nn.Parameter(jnp.ones(2))
+        >>> w.grad = jnp.ones(2)
+        >>> jm.optim.SGD([w], lr=0.1).zero_grad()
+        >>> w.grad is None
+        True
+        """
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad = p.__dict__["grad"]
+                if grad is not None:
+                    p.__dict__["grad"] = None if set_to_none else jnp.zeros_like(grad)
+
+    # ------------------------------------------------------------------ step
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Update every parameter that has a ``.grad``; return the closure's loss.
+
+        Args:
+            closure: optional. A PyTorch-style closure (it calls
+                ``opt.zero_grad()`` and ``jm.backward(...)`` itself) is run
+                once and its loss returned. A closure that only returns the
+                loss is differentiated for you, as ``opt.zero_grad()`` then
+                ``jm.backward(closure)`` would (once, in one pass). Which kind
+                it is comes from its code: one whose body names ``backward``
+                is taken as PyTorch style.
+
+        Returns:
+            The closure's loss, or None without a closure.
+        """
+        loss = None
+        if closure is not None:
+            loss = self._run_closure(closure)
+        self._opt_called = True
+        for i, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.__dict__["grad"] is not None]
+            if params:
+                self._step_group(i, group, params)
+        return loss
+
+    def _run_closure(self, closure: Callable[[], Any]) -> Any:
+        if _names_backward(closure):
+            return closure()
+        from jmodule.autograd import backward
+
+        mine = [p for group in self.param_groups for p in group["params"]]
+        cls = type(self).__name__
+
+        def loss_only() -> Any:
+            loss = closure()
+            if any(p.__dict__["grad"] is not None for p in mine):
+                raise RuntimeError(NESTED_BACKWARD_HELP.format(cls=cls))
+            return loss
+
+        self.zero_grad()
+        try:
+            return backward(loss_only)
+        except BaseException:
+            for p in mine:  # back to what zero_grad() left (no stray tracers)
+                p.__dict__["grad"] = None
+            raise
+
+    def _hyper_array(self, i: int, group: dict[str, Any]) -> jax.Array | None:
+        """The group's hyper-parameters as one float32 array (the bound one when compiled)."""
+        if not self._hyper:
+            return None
+        key = str(i)
+        if binding.is_bound(self._hp):
+            floats = self._hyper_floats(group)
+            if floats != self._hp_floats[key]:
+                changed = next(
+                    gk
+                    for (_, gk, _), a, b in zip(self._hyper, floats, self._hp_floats[key])
+                    if a != b
+                )
+                what = f"param_groups[{i}]['{changed}'] was"
+                raise RuntimeError(CHANGED_INSIDE_HELP.format(what=what))
+            return self._hp[key]
+        self._refresh_hyper(key, group)
+        return self._hp[key]
+
+    def _hyper_floats(self, group: dict[str, Any]) -> tuple[float, ...]:
+        return tuple(float(group[k] if j is None else group[k][j]) for _, k, j in self._hyper)
+
+    def _refresh_hyper(self, key: str, group: dict[str, Any]) -> None:
+        floats = self._hyper_floats(group)
+        if self._hp_floats.get(key) != floats:
+            self._hp_floats[key] = floats
+            self._hp[key] = jnp.asarray(np.asarray(floats, dtype=np.float32))
+
+    def _check_bound(self, container: dict, value: Any) -> None:
+        if isinstance(value, jax.core.Tracer) and not binding.is_bound(container):
+            raise RuntimeError(NOT_GIVEN_HELP.format(cls=type(self).__name__))
+
+    def _jit(self, key: Any, make: Callable[[], Callable]) -> Callable:
+        fn = self._jitted.get(key)
+        if fn is None:
+            fn = self._jitted[key] = jax.jit(make())
+        return fn
+
+    # ------------------------------------------------------------------ jm.compile
+
+    def _jm_describe(self) -> structure.Description:
+        """Structure key and state slots, for ``jm.compile`` (cached; cheap per call)."""
+        sig = (self._version, self._structure_key())
+        if sig != self._desc_sig:
+            self._prepare_all()
+            sig = (self._version, self._structure_key())
+            slots: list = []
+            names: list[str] = []
+            index = 0
+            for i, group in enumerate(self.param_groups):
+                for p in group["params"]:
+                    slots += [(p.__dict__, "_value"), (p.__dict__, "grad")]
+                    names += [f"params[{index}]", f"params[{index}].grad"]
+                    index += 1
+                if self._hyper:
+                    self._refresh_hyper(str(i), group)
+                    slots.append((self._hp, str(i)))
+                    names.append(f"param_groups[{i}].hyper")
+            state_slots, state_names = self._state_slots()
+            key = ("jm.optim", type(self).__qualname__, self._tx, sig[1])
+            self._desc = structure.stateful(key, slots + state_slots, names + state_names)
+            self._desc_sig = sig
+        elif self._hyper:
+            for i, group in enumerate(self.param_groups):
+                self._refresh_hyper(str(i), group)
+        return self._desc
+
+    def _structure_key(self) -> tuple:
+        return tuple(len(g["params"]) for g in self.param_groups)
+
+    # ------------------------------------------------------------------ state dicts
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state, in PyTorch's layout.
+
+        ``{"state": {index: {name: array}}, "param_groups": [{**options,
+        "params": [index, ...]}]}``, parameters numbered in group order. An
+        ``Optimizer(params, transformation)`` keeps one optax state per group,
+        under ``"optax_state"`` (one ``{leaf path: array}`` per group).
+
+        >>> import jax.numpy as jnp
+        >>> import jmodule as jm
+        >>> w = jm.nn.Parameter(jnp.ones(2))
+        >>> opt = jm.optim.Adam([w])
+        >>> w.grad = jnp.ones(2)
+        >>> opt.step()
+        >>> sorted(opt.state_dict()["state"][0])
+        ['exp_avg', 'exp_avg_sq', 'step']
+        """
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            for p in group["params"]:
+                index.setdefault(id(p), len(index))
+            packed["params"] = [index[id(p)] for p in group["params"]]
+            groups.append(packed)
+        return {**self._packed_state(index), "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state from :meth:`state_dict` (or from ``torch.optim`` of the same kind).
+
+        Everything is checked first; when anything is wrong, nothing changes
+        and the error lists every problem.
+
+        Raises:
+            ValueError: the groups or the state do not match this optimizer.
+        """
+        saved_groups = [dict(g) for g in state_dict["param_groups"]]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        if any(
+            len(g["params"]) != len(s["params"]) for g, s in zip(self.param_groups, saved_groups)
+        ):
+            raise ValueError(
+                "loaded state dict contains a parameter group that doesn't match the size of "
+                "optimizer's group"
+            )
+        id_map: dict[Any, Parameter] = {}
+        for g, s in zip(self.param_groups, saved_groups):
+            id_map.update(zip(s["params"], g["params"]))
+        new_groups = []
+        for g, s in zip(self.param_groups, saved_groups):
+            s = {k: (list(v) if isinstance(v, list) else v) for k, v in s.items()}
+            s["params"] = g["params"]
+            if "param_names" in g and "param_names" not in s:
+                s["param_names"] = g["param_names"]
+            new_groups.append(s)
+        apply = self._check_state(state_dict, new_groups, id_map)
+        self.param_groups[:] = new_groups
+        apply()
+        self._version += 1
+
+    def __repr__(self) -> str:
+        out = type(self).__name__ + " ("
+        for i, group in enumerate(self.param_groups):
+            out += f"\nParameter Group {i}\n"
+            for key in sorted(group):
+                if key != "params":
+                    out += f"    {key}: {group[key]}\n"
+        return out + ")"
+
+    # ------------------------------------------------------------------ one optax state per group
+
+    def _init_storage(self) -> None:
+        #: Per group: the flattened optax state (a slot container) and its treedef.
+        self._group_state: dict[int, dict[str, Any]] = {}
+        self._group_treedef: dict[int, Any] = {}
+
+    def _group_init(self, i: int, group: dict[str, Any]) -> None:
+        tx = self._tx
+        assert tx is not None
+        tree = tx.init([p.__dict__["_value"] for p in group["params"]])
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        self._group_state[i] = {jax.tree_util.keystr(path): leaf for path, leaf in flat}
+        self._group_treedef[i] = treedef
+        self._version += 1
+
+    def _prepare_all(self) -> None:
+        for i, group in enumerate(self.param_groups):
+            if i not in self._group_state:
+                self._group_init(i, group)
+
+    def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
+        if i not in self._group_state:
+            if any(isinstance(p.__dict__["_value"], jax.core.Tracer) for p in group["params"]):
+                raise RuntimeError(NOT_GIVEN_HELP.format(cls=type(self).__name__))
+            self._group_init(i, group)
+        store = self._group_state[i]
+        if store:  # a stateless transformation (optax.sgd) has nothing to carry
+            self._check_bound(store, params[0].__dict__["_value"])
+        treedef = self._group_treedef[i]
+        keys = tuple(store)  # treedef order (a dict argument comes back key-sorted)
+        tx = self._tx
+
+        def make() -> Callable:
+            def update(values: list, grads: list, leaves: dict) -> tuple[list, dict]:
+                old = [leaves[k] for k in keys]
+                full = [jnp.zeros_like(v) if g is None else g for v, g in zip(values, grads)]
+                updates, new_state = tx.update(full, treedef.unflatten(old), values)
+                new_values = [
+                    v if g is None else optax.apply_updates(v, u)
+                    for v, g, u in zip(values, grads, updates)
+                ]
+                new_leaves = jax.tree_util.tree_leaves(new_state)
+                return new_values, {k: n.astype(o.dtype) for k, o, n in zip(keys, old, new_leaves)}
+
+            return update
+
+        members = group["params"]
+        values = [p.__dict__["_value"] for p in members]
+        grads = [p.__dict__["grad"] for p in members]
+        new_values, new_leaves = self._jit(("group", i, treedef, keys), make)(values, grads, store)
+        for p, v in zip(members, new_values):
+            if p.__dict__["grad"] is not None:
+                p.__dict__["_value"] = v
+        store.update(new_leaves)
+
+    def _state_slots(self) -> tuple[list, list[str]]:
+        slots, names = [], []
+        for i, store in self._group_state.items():
+            for k in store:
+                slots.append((store, k))
+                names.append(f"optax_state[{i}]{k}")
+        return slots, names
+
+    @property
+    def optax_state(self) -> list[Any]:
+        """Each group's optax state as optax's own pytree (``Optimizer(params, tx)`` only)."""
+        return [
+            self._group_treedef[i].unflatten(list(self._group_state[i].values()))
+            for i in sorted(self._group_state)
+        ]
+
+    def _packed_state(self, index: dict[int, int]) -> dict[str, Any]:
+        return {
+            "state": {},
+            "optax_state": [
+                dict(self._group_state.get(i, {})) for i in range(len(self.param_groups))
+            ],
+        }
+
+    def _check_state(
+        self, state_dict: dict[str, Any], groups: list[dict[str, Any]], id_map: dict
+    ) -> Callable[[], None]:
+        saved = state_dict.get("optax_state")
+        if saved is None:
+            raise ValueError("loaded state dict has no 'optax_state' (one entry per param group)")
+        problems = []
+        fresh: dict[int, dict[str, Any]] = {}
+        treedefs: dict[int, Any] = {}
+        for i, group in enumerate(groups):
+            tree = self._tx.init([p.__dict__["_value"] for p in group["params"]])
+            flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+            want = {jax.tree_util.keystr(path): leaf for path, leaf in flat}
+            got = saved[i] if i < len(saved) else {}
+            if not got:  # never stepped when saved
+                continue
+            for k in want.keys() - got.keys():
+                problems.append(f"optax_state[{i}]: missing {k}")
+            for k in got.keys() - want.keys():
+                problems.append(f"optax_state[{i}]: unexpected {k}")
+            for k in want.keys() & got.keys():
+                value = as_array(got[k])
+                if value.shape != want[k].shape:
+                    problems.append(
+                        f"optax_state[{i}]{k}: shape {tuple(value.shape)} in the state dict, "
+                        f"{tuple(want[k].shape)} here"
+                    )
+            fresh[i] = {
+                k: as_array(got[k]).astype(want[k].dtype) if k in got else v
+                for k, v in want.items()
+            }
+            treedefs[i] = treedef
+        if problems:
+            raise ValueError("Error(s) in loading state_dict:\n\t" + "\n\t".join(problems))
+
+        def apply() -> None:
+            self._group_state.clear()
+            self._group_state.update(fresh)
+            self._group_treedef.update(treedefs)
+
+        return apply
+
+
+class TorchOptimizer(Optimizer):
+    """Base of the PyTorch optimizers: one optax state per parameter, PyTorch's names.
+
+    Subclasses define :meth:`_structure` (the group options that shape the
+    program, hashable), :meth:`_transformation` (the optax chain for a group,
+    built from the structure, the hyper-parameter values and the parameter's
+    previous state), ``_hyper`` (the float options held as arrays),
+    ``_state_names`` (``(chain label, optax field) -> PyTorch name``) and
+    ``_state_order`` (PyTorch's key order).
+
+    ``state[p]`` is a live dict of ``p``'s optax state under PyTorch's names
+    (writing to it changes the next step, as in PyTorch). Its ``step`` is
+    optax's int32 count; ``state_dict()`` reports it as float32, as PyTorch
+    stores it, and ``load_state_dict`` converts back. Optax leaves PyTorch does
+    not save (SGD's dampening count) live outside ``state`` and are derived on
+    load.
+    """
+
+    _state_names: dict[tuple[str, ...], str] = {}
+    _state_order: tuple[str, ...] = ()
+
+    def __init__(self, params: ParamsT, defaults: dict[str, Any]):
+        if defaults.get("differentiable"):
+            raise ValueError(
+                "differentiable=True is not supported: jmodule optimizers are pure JAX "
+                "functions, so differentiate through them with jax.grad instead."
+            )
+        super().__init__(params, defaults)
+
+    def _structure(self, group: dict[str, Any]) -> tuple:
+        raise NotImplementedError
+
+    def _transformation(
+        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+    ) -> optax.GradientTransformation:
+        raise NotImplementedError
+
+    def _derive_hidden(self, cfg: dict[str, Any], public: dict[str, Any], hidden: dict) -> None:
+        """Set optax leaves PyTorch does not save, after loading ``public`` from a state dict."""
+
+    # ------------------------------------------------------------------ per-parameter state
+
+    def _init_storage(self) -> None:
+        #: Per parameter: (structure, public dict (= state[p] once live), hidden dict).
+        self._records: dict[Parameter, tuple[tuple, dict[str, Any], dict[str, Any]]] = {}
+        self._layouts: dict[tuple, tuple[Any, tuple[tuple[bool, str], ...]]] = {}
+
+    def _layout(self, cfg: tuple, value: Any) -> tuple[Any, tuple[tuple[bool, str], ...], Any]:
+        """Treedef, leaf naming and a fresh optax state for a parameter under ``cfg``."""
+        hp = {n: 0.0 for n, _, _ in self._hyper}  # an init never reads them
+        tree = self._transformation(dict(cfg), hp, None).init(value)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        layout = []
+        for path, _ in flat:
+            key = _leaf_name(path)
+            name = self._state_names.get(key)
+            layout.append((True, name) if name else (False, ".".join(key)))
+        self._layouts[cfg] = (treedef, tuple(layout))
+        return treedef, tuple(layout), [leaf for _, leaf in flat]
+
+    def _fresh(self, cfg: tuple, value: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        _, layout, leaves = self._layout(cfg, value)
+        public, hidden = {}, {}
+        for (is_public, name), leaf in zip(layout, leaves):
+            (public if is_public else hidden)[name] = leaf
+        order = {n: j for j, n in enumerate(self._state_order)}
+        public = dict(sorted(public.items(), key=lambda kv: order.get(kv[0], len(order))))
+        return public, hidden
+
+    def _record(self, group: dict[str, Any], p: Parameter) -> tuple:
+        """``p``'s record for ``group``'s current structure (made or remade as needed)."""
+        cfg = self._structure(group)
+        rec = self._records.get(p)
+        if rec is not None and rec[0] == cfg:
+            return rec
+        if isinstance(p.__dict__["_value"], jax.core.Tracer):
+            if rec is None:
+                raise RuntimeError(NOT_GIVEN_HELP.format(cls=type(self).__name__))
+            raise RuntimeError(CHANGED_INSIDE_HELP.format(what="A param group's options were"))
+        public, hidden = self._fresh(cfg, p.__dict__["_value"])
+        if rec is not None:  # options changed: keep the entries that still apply
+            for old, new in ((rec[1], public), (rec[2], hidden)):
+                for k, v in old.items():
+                    if k in new and getattr(v, "shape", None) == new[k].shape:
+                        new[k] = v
+            old_public = rec[1]
+            old_public.clear()
+            old_public.update(public)
+            public = old_public
+        rec = self._records[p] = (cfg, public, hidden)
+        self._version += 1
+        return rec
+
+    def _materialize(self, p: Parameter, public: dict[str, Any]) -> None:
+        """Make ``p``'s state visible in ``state`` (PyTorch keeps none for plain SGD)."""
+        if public and self.state.get(p) is not public:
+            self.state[p] = public
+
+    def _prepare_all(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._record(group, p)
+
+    def _structure_key(self) -> tuple:
+        return tuple((self._structure(g), len(g["params"])) for g in self.param_groups)
+
+    def _state_slots(self) -> tuple[list, list[str]]:
+        slots, names = [], []
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                _, public, hidden = self._records[p]
+                for kind, store in (("", public), ("~", hidden)):
+                    for k in store:
+                        slots.append((store, k))
+                        names.append(f"state[{index}].{kind}{k}")
+                index += 1
+        return slots, names
+
+    def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
+        for p in params:  # the lr must come in as an input, not be baked in
+            self._check_bound(self._hp, p.__dict__["_value"])
+            self._check_bound(self._hp, p.__dict__["grad"])
+        hp = self._hyper_array(i, group)
+        records = [self._record(group, p) for p in params]
+        cfg = records[0][0]
+        treedef, layout = self._layouts[cfg]
+        names = [n for n, _, _ in self._hyper]
+
+        def make() -> Callable:
+            def update(hp_arr, values, grads, publics, hiddens):
+                hyper = {n: hp_arr[j] for j, n in enumerate(names)}
+                out_values, out_publics, out_hiddens = [], [], []
+                for v, g, public, hidden in zip(values, grads, publics, hiddens):
+                    leaves = [(public if pub else hidden)[n] for pub, n in layout]
+                    tx = self._transformation(dict(cfg), hyper, public)
+                    updates, new_state = tx.update(g, treedef.unflatten(leaves), v)
+                    out_values.append(optax.apply_updates(v, updates))
+                    new_pub, new_hid = {}, {}
+                    for (pub, n), old, new in zip(
+                        layout, leaves, jax.tree_util.tree_leaves(new_state)
+                    ):
+                        (new_pub if pub else new_hid)[n] = new.astype(old.dtype)
+                    out_publics.append(new_pub)
+                    out_hiddens.append(new_hid)
+                return out_values, out_publics, out_hiddens
+
+            return update
+
+        values, publics, hiddens = self._jit(("param", cfg), make)(
+            hp,
+            [p.__dict__["_value"] for p in params],
+            [p.__dict__["grad"] for p in params],
+            [rec[1] for rec in records],
+            [rec[2] for rec in records],
+        )
+        for p, rec, v, pub, hid in zip(params, records, values, publics, hiddens):
+            p.__dict__["_value"] = v
+            rec[1].update(pub)
+            rec[2].update(hid)
+            self._materialize(p, rec[1])
+
+    def _packed_state(self, index: dict[int, int]) -> dict[str, Any]:
+        state = {}
+        for p, public in self.state.items():
+            state[index[id(p)]] = {
+                k: (v.astype(jnp.float32) if k == "step" else v) for k, v in public.items()
+            }
+        return {"state": state}
+
+    def _check_state(
+        self, state_dict: dict[str, Any], groups: list[dict[str, Any]], id_map: dict
+    ) -> Callable[[], None]:
+        problems: list[str] = []
+        loaded: list[tuple[Parameter, tuple]] = []
+        group_of = {id(p): g for g in groups for p in g["params"]}
+        for k, saved in state_dict["state"].items():
+            p = id_map.get(k)
+            if p is None:
+                problems.append(f"state for parameter {k!r}, which no param group lists")
+                continue
+            cfg = self._structure(group_of[id(p)])
+            public, hidden = self._fresh(cfg, p.__dict__["_value"])
+            if len(saved) == 0:  # torch's defaultdict leaves empty entries behind
+                continue
+            missing = [n for n in public if n not in saved]
+            unexpected = [n for n in saved if n not in public]
+            if missing or unexpected:
+                problems.append(
+                    f"state[{k}]: keys {sorted(saved)} in the state dict, {sorted(public)} "
+                    f"expected for these options"
+                    + (f" (missing {missing})" if missing else "")
+                    + (f" (unexpected {unexpected})" if unexpected else "")
+                )
+                continue
+            for n, fresh in public.items():
+                value = as_array(saved[n])
+                if value.shape != fresh.shape:
+                    problems.append(
+                        f"state[{k}]['{n}']: shape {tuple(value.shape)} in the state dict, "
+                        f"{tuple(fresh.shape)} expected (the parameter's shape is "
+                        f"{tuple(p.shape)})"
+                    )
+                    continue
+                public[n] = value.astype(fresh.dtype)
+            self._derive_hidden(dict(cfg), public, hidden)
+            loaded.append((p, (cfg, public, hidden)))
+        if problems:
+            raise ValueError("Error(s) in loading state_dict:\n\t" + "\n\t".join(problems))
+
+        def apply() -> None:
+            self.state.clear()
+            self._records.clear()
+            for p, rec in loaded:
+                self._records[p] = rec
+                self.state[p] = rec[1]
+
+        return apply
