@@ -409,7 +409,7 @@ def backward(
         if not is_used:
             continue
         g = g.astype(p.dtype) if g.dtype != p.dtype else g
-        p.__dict__["grad"] = g if p.__dict__["grad"] is None else p.__dict__["grad"] + g
+        p.grad = g if p.grad is None else p.grad + g
     return loss
 
 

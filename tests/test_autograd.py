@@ -275,12 +275,32 @@ def test_compiled_training_step_matches_eager_and_donates_old_weights():
     for (k, a), (_, b) in zip(model.state_dict().items(), eager.state_dict().items()):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=k)
     assert old_weight.is_deleted()  # donated to the compiled step, as documented
-    assert jm.compile_stats(compiled).num_traces == 2  # grads: None at first, arrays after
+    # zero_grad() overwrites the grads unread, so the first call (grads None)
+    # and later calls (grads set) run one program.
+    assert jm.compile_stats(compiled).num_traces == 1
 
     kept = jm.compile(step, donate=False)
     before = model[0].weight.data
     kept(model, x, 0.1)
     assert not before.is_deleted()
+
+
+def test_compiled_gradient_accumulation_reads_the_old_grads():
+    _, model = _pair()
+    eager = copy.deepcopy(model)
+    x = jnp.asarray(_data())
+
+    def accumulate(m, inp):  # no zero_grad: gradients add up across calls, as in PyTorch
+        return jm.backward(lambda: (m(inp) ** 2).mean())
+
+    compiled = jm.compile(accumulate)
+    for _ in range(3):
+        compiled(model, x)
+        accumulate(eager, x)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(q.grad), rtol=1e-5, atol=1e-6)
+    stats = jm.compile_stats(compiled)
+    assert stats.num_traces == 2 and "grad changed: None ->" in stats.reasons[1]
 
 
 def test_jax_transform_of_a_module_with_grad_is_pure():

@@ -38,6 +38,20 @@ def bump() -> None:
     EPOCH.value += 1
 
 
+class GradWatch:
+    """Which ``.grad`` slots a trace reads before writing (see ``Parameter.grad``)."""
+
+    __slots__ = ("reads", "watched", "written")
+
+    def __init__(self, watched: dict[int, int]):
+        self.watched = watched  # id(param.__dict__) -> slot index
+        self.reads: set[int] = set()
+        self.written: set[int] = set()
+
+
+#: The innermost active :class:`GradWatch`, or None (then ``.grad`` is a plain attribute).
+GRAD_WATCH: list[GradWatch | None] = [None]
+
 #: Active gradient computations (``jm.backward``/``jm.grad``), innermost last.
 #: ``Module.__call__`` reports itself to the innermost one while it is non-empty.
 GRAD_STACK: list = []

@@ -179,6 +179,8 @@ class Program:
         self.arg_names = arg_names
         self.entries: dict[Any, Any] = {}
         self.donating_entries: dict[Any, tuple[tuple, Callable]] = {}
+        #: Per structure key, the ``.grad`` slots the function overwrites unread.
+        self.grad_unread: dict[Any, frozenset[int]] = {}
         #: ``(key, donated indices, jitted)`` of the last donating call.
         self.last_donating: tuple | None = None
         self._replay: dict[Any, tuple[Any, Any]] = {}
@@ -285,10 +287,21 @@ class Program:
         self._note_trace(key, vals, args, kwargs)
         args, kwargs = unwrap_static((args, kwargs))
         slots = self.slots
-        with binding.bound(slots, vals, self.named_modules):
-            out = self.fn(self.objects, args, kwargs)
-            idx = tuple(i for i, (c, k) in enumerate(slots) if c[k] is not vals[i])
-            changed = Changed(idx, tuple(slots[i][0][slots[i][1]] for i in idx))
+        watch = binding.GradWatch({id(c): i for i, (c, k) in enumerate(slots) if k == "grad"})
+        outer, binding.GRAD_WATCH[0] = binding.GRAD_WATCH[0], watch
+        try:
+            with binding.bound(slots, vals, self.named_modules):
+                out = self.fn(self.objects, args, kwargs)
+                idx = tuple(i for i, (c, k) in enumerate(slots) if c[k] is not vals[i])
+                changed = Changed(idx, tuple(slots[i][0][slots[i][1]] for i in idx))
+        finally:
+            binding.GRAD_WATCH[0] = outer
+        # Gradient slots the function never read before overwriting: their
+        # incoming value is irrelevant, so calls pass None there and the first
+        # call (grads None) and later ones (grads set) share one program.
+        unread = {i for c_id, i in watch.watched.items() if c_id not in watch.reads}
+        previous = self.grad_unread.get(key)
+        self.grad_unread[key] = frozenset(unread if previous is None else unread & previous)
         return out, changed
 
     def set_state(
@@ -333,6 +346,14 @@ def _check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
             )
 
 
+def _read_state(program: Program, key: Any) -> list[Any]:
+    """The slot values for a call; ``.grad`` slots the program never reads are None."""
+    vals = [c[k] for c, k in program.slots]
+    for i in program.grad_unread.get(key, ()):
+        vals[i] = None
+    return vals
+
+
 def _call(program: Program, jitted: Callable, args: tuple, kwargs: dict) -> Any:
     slots = program.slots
     out, changed = jitted([c[k] for c, k in slots], args, kwargs)
@@ -350,7 +371,7 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
     donating exactly those (one Python trace more, one XLA compile).
     """
     slots = program.slots
-    vals = [c[k] for c, k in slots]
+    vals = _read_state(program, key)
     last = program.last_donating
     if last is not None and last[0] is key:  # the per-call path: no hashing
         wanted, cached = last[1], last[2]
@@ -545,7 +566,13 @@ class CompiledFunction:
             key, infos, tree = self._prepare(args, kwargs)
             if self.donate:
                 return _call_donating(self.program, key, infos, *tree)
-            return _call(self.program, self.program.jitted(key, infos), *tree)
+            jitted = self.program.jitted(key, infos)
+            slots = self.program.slots
+            out, changed = jitted(_read_state(self.program, key), *tree)
+            for i, v in zip(changed.indices, changed.values):
+                c, k = slots[i]
+                c[k] = v
+            return out
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The ``jax.stages.Lowered`` program a call with these arguments runs.
@@ -556,7 +583,7 @@ class CompiledFunction:
         """
         with LOCK:
             key, infos, (a, k) = self._prepare(args, kwargs)
-            vals = [c[n] for c, n in self.program.slots]
+            vals = _read_state(self.program, key)
             made = self.program.donating_entries.get(key) if self.donate else None
             if made is None:
                 return self.program.jitted(key, infos).lower(vals, a, k)

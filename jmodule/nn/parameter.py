@@ -183,6 +183,23 @@ class Parameter(_ArrayLike):
         self.__dict__["grad"] = None
 
     @property
+    def grad(self) -> Any:
+        """The accumulated gradient (a ``jax.Array``), or None."""
+        d = self.__dict__
+        watch = binding.GRAD_WATCH[0]
+        if watch is not None and id(d) in watch.watched and id(d) not in watch.written:
+            watch.reads.add(id(d))
+        return d["grad"]
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        d = self.__dict__
+        watch = binding.GRAD_WATCH[0]
+        if watch is not None and id(d) in watch.watched:
+            watch.written.add(id(d))
+        d["grad"] = value
+
+    @property
     def requires_grad(self) -> bool:
         """Whether gradients are computed for this parameter."""
         return self.__dict__["_requires_grad"]

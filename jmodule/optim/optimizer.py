@@ -240,9 +240,10 @@ class Optimizer:
         """
         for group in self.param_groups:
             for p in group["params"]:
-                grad = p.__dict__["grad"]
-                if grad is not None:
-                    p.__dict__["grad"] = None if set_to_none else jnp.zeros_like(grad)
+                if set_to_none:
+                    p.grad = None  # without reading it: a compiled step then needs no old grads
+                elif p.grad is not None:
+                    p.grad = jnp.zeros_like(p.grad)
 
     # ------------------------------------------------------------------ step
 
@@ -266,7 +267,7 @@ class Optimizer:
             loss = self._run_closure(closure)
         self._opt_called = True
         for i, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.__dict__["grad"] is not None]
+            params = [p for p in group["params"] if p.grad is not None]
             if params:
                 self._step_group(i, group, params)
         return loss
@@ -281,7 +282,7 @@ class Optimizer:
 
         def loss_only() -> Any:
             loss = closure()
-            if any(p.__dict__["grad"] is not None for p in mine):
+            if any(p.grad is not None for p in mine):
                 raise RuntimeError(NESTED_BACKWARD_HELP.format(cls=cls))
             return loss
 
@@ -290,7 +291,7 @@ class Optimizer:
             return backward(loss_only)
         except BaseException:
             for p in mine:  # back to what zero_grad() left (no stray tracers)
-                p.__dict__["grad"] = None
+                p.grad = None
             raise
 
     def _hyper_array(self, i: int, group: dict[str, Any]) -> jax.Array | None:
@@ -484,10 +485,10 @@ class Optimizer:
 
         members = group["params"]
         values = [p.__dict__["_value"] for p in members]
-        grads = [p.__dict__["grad"] for p in members]
+        grads = [p.grad for p in members]
         new_values, new_leaves = self._jit(("group", i, treedef, keys), make)(values, grads, store)
         for p, v in zip(members, new_values):
-            if p.__dict__["grad"] is not None:
+            if p.grad is not None:
                 p.__dict__["_value"] = v
         store.update(new_leaves)
 
@@ -680,7 +681,7 @@ class TorchOptimizer(Optimizer):
     def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
         for p in params:  # the lr must come in as an input, not be baked in
             self._check_bound(self._hp, p.__dict__["_value"])
-            self._check_bound(self._hp, p.__dict__["grad"])
+            self._check_bound(self._hp, p.grad)
         hp = self._hyper_array(i, group)
         records = [self._record(group, p) for p in params]
         cfg = records[0][0]
@@ -710,7 +711,7 @@ class TorchOptimizer(Optimizer):
         values, publics, hiddens = self._jit(("param", cfg), make)(
             hp,
             [p.__dict__["_value"] for p in params],
-            [p.__dict__["grad"] for p in params],
+            [p.grad for p in params],
             [rec[1] for rec in records],
             [rec[2] for rec in records],
         )

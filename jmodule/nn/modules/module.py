@@ -505,8 +505,10 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's ``.grad`` (to None, or to zeros)."""
         for p in self.parameters():
-            if p.grad is not None:
-                p.grad = None if set_to_none else jax.numpy.zeros_like(p.grad)
+            if set_to_none:
+                p.grad = None  # without reading it: a compiled step then needs no old grads
+            elif p.grad is not None:
+                p.grad = jax.numpy.zeros_like(p.grad)
 
     def share_memory(self: T) -> T:
         """No-op returning self: JAX arrays are immutable, so there is nothing to share.
