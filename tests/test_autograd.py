@@ -150,7 +150,7 @@ def test_grad_and_value_and_grad_keyed_like_state_dict():
     x = _data()
     t_x = torch.from_numpy(x).requires_grad_(True)
     (ref(t_x) ** 2).sum().backward()
-    fn = lambda m, inp: (m(inp) ** 2).sum()  # noqa: E731
+    fn = lambda m, inp: (m(inp) ** 2).sum()
     value, grads = jm.value_and_grad(fn)(ours, jnp.asarray(x))
     assert list(grads) == [k for k, _ in ours.named_parameters()]
     for name, p in ref.named_parameters():
