@@ -26,6 +26,8 @@ test: $(VENV)/.test-installed
 
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/dispatch.py
+	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/readme_table.py
 
 lint: $(VENV)/.test-installed
 	$(PY) -m ruff format --check jmodule tests benchmarks examples

@@ -17,7 +17,9 @@ Run: ``make bench`` or ``python benchmarks/dispatch.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import pathlib
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +35,7 @@ from flax import nnx
 import jmodule as jm
 from jmodule import nn
 
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MLP_SIZES = (16, 32, 32, 10)
 DEEP_LAYERS, DEEP_WIDTH, BATCH = 32, 8, 8
 
@@ -267,6 +270,15 @@ def report(title: str, contestants: dict[str, Callable[[], object]], calls: int,
     return results
 
 
+def save_results(name: str, tables: dict[str, dict[str, float]]) -> None:
+    """Write ``benchmarks/results/<name>.json`` (read by ``readme_table.py``)."""
+    out = RESULTS / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    meta = {"jax": jax.__version__, "platform": jax.devices()[0].platform, "cores": os.cpu_count()}
+    out.write_text(json.dumps({"meta": meta, "tables": tables}, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
@@ -274,14 +286,14 @@ def main() -> None:
     calls, repeats = (200, 3) if args.quick else (2000, 7)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores")
     x = jax.random.normal(jax.random.key(0), (BATCH, MLP_SIZES[0]))
-    report("(a) MLP 16-32-32-10, batch 8, forward", mlp_contestants(x), calls, repeats)
+    tables = {}
+    title = "forward, MLP 16-32-32-10, batch 8"
+    tables[title] = report(title, mlp_contestants(x), calls, repeats)
     xd = jax.random.normal(jax.random.key(1), (BATCH, DEEP_WIDTH))
-    report(
-        f"(b) {DEEP_LAYERS} x (Linear {DEEP_WIDTH} + BatchNorm1d + ReLU), train mode, batch 8",
-        deep_contestants(xd),
-        calls // 4,
-        repeats,
-    )
+    title = f"forward, {DEEP_LAYERS} x (Linear {DEEP_WIDTH} + BatchNorm1d + ReLU), train, batch 8"
+    tables[title] = report(title, deep_contestants(xd), calls // 4, repeats)
+    if not args.quick:
+        save_results("dispatch", tables)
 
 
 if __name__ == "__main__":

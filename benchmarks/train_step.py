@@ -30,12 +30,12 @@ import jax
 import numpy as np
 import optax
 import torch
-from dispatch import report
+from dispatch import report, save_results
 from flax import nnx
 
 import jmodule as jm
-import jmodule.optim  # noqa: F401 - registers jm.optim until it is exported
 import jmodule.nn.functional as F
+import jmodule.optim
 from jmodule import nn
 
 LR = 1e-3
@@ -182,17 +182,25 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
     args = parser.parse_args()
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores")
+    tables = {}
     for sizes, batch, calls in (((16, 32, 32, 10), 8, 1000), ((784, 512, 512, 10), 128, 100)):
         if args.quick:
             calls = max(calls // 10, 10)
         steps, memory = contestants(sizes, batch)
         label = "-".join(map(str, sizes))
-        report(f"Adam step, MLP {label}, batch {batch}", steps, calls, 5)
+        title = f"Adam training step, MLP {label}, batch {batch}"
+        tables[title] = report(title, steps, calls, 5)
         ratio = memory["jmodule"] / memory["floor"]
         print(
             f"argument+temp memory: jmodule {memory['jmodule']:,} B, floor {memory['floor']:,} B "
             f"({ratio:.3f}x)"
         )
+        tables[f"memory (argument+temp bytes), MLP {label}"] = {
+            "plain JAX + optax (floor)": memory["floor"],
+            "jmodule @jm.compile step": memory["jmodule"],
+        }
+    if not args.quick:
+        save_results("train_step", tables)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""Write the benchmark ratios into README.md, from the JSON the benchmarks saved.
+
+``make bench`` runs the benchmarks (each writes ``benchmarks/results/*.json``)
+and then this script, which replaces the text between the
+``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers in README.md with a
+table of ratios to the plain-JAX floor: numbers are never typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+def render() -> str:
+    lines = []
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        meta = data["meta"]
+        lines.append(
+            f"From `benchmarks/{path.stem}.py` (JAX {meta['jax']}, {meta['platform']}, "
+            f"{meta['cores']} cores); ratio to the plain-JAX floor, lower is better:\n"
+        )
+        for title, table in data["tables"].items():
+            floor = next(iter(table.values()))
+            lines.append(f"| {title} | time or bytes | x floor |")
+            lines.append("| --- | ---: | ---: |")
+            for name, value in table.items():
+                unit = "B" if title.startswith("memory") else "us"
+                lines.append(f"| {name} | {value:,.1f} {unit} | {value / floor:.2f} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"README.md has no {START} ... {END} section")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{render()}\n{END}{tail}")
+    print(f"updated {readme}")
+
+
+if __name__ == "__main__":
+    main()
