@@ -22,6 +22,7 @@ print(jax.devices())
 # %% [markdown]
 # ## Define a model, exactly as in PyTorch
 
+
 # %%
 class MLP(nn.Module):
     def __init__(self, n_in=64, hidden=128, n_out=10):
@@ -63,8 +64,7 @@ eager_logits = model(x_train[:8])
 model.compile()
 compiled_logits = model(x_train[:8])
 print(eager_logits.shape, compiled_logits.shape, jm.compile_stats(model))
-jm.summary(model, x_train[:8]);
-
+jm.summary(model, x_train[:8])
 # %% [markdown]
 # ## Train with the PyTorch loop, compiled whole
 # `jm.backward(closure)` is `loss.backward()`: it runs the closure once and
@@ -97,8 +97,10 @@ for epoch in range(10):
         idx = order[start : start + 64]
         loss = train_step(model, opt, x_train[idx], y_train[idx])
     scheduler.step()
-    print(f"epoch {epoch}: loss {float(loss):.3f}, lr {scheduler.get_last_lr()[0]:.2e}, "
-          f"test accuracy {accuracy(model):.3f}")
+    print(
+        f"epoch {epoch}: loss {float(loss):.3f}, lr {scheduler.get_last_lr()[0]:.2e}, "
+        f"test accuracy {accuracy(model):.3f}"
+    )
 print(jm.compile_stats(train_step))
 
 # %% [markdown]
