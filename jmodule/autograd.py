@@ -140,6 +140,7 @@ def _collect(
         if p.requires_grad and id(p) not in seen_params:
             seen_params.add(id(p))
             params.append(p)
+    _random.default_generator.materialize()
     state.append((_random.default_generator.__dict__, "_key"))
     return params, state, named, known
 

@@ -40,13 +40,15 @@ class Generator:
     def __init__(self, device: object = None):
         self.device = device
         self._seed = _DEFAULT_SEED
-        self._key = _make_key(self._seed)
+        # Made on first use, so that ``import jmodule`` does not start JAX's
+        # backends (``jax.distributed.initialize`` must run before they start).
+        self._key = None
 
     def manual_seed(self, seed: int) -> Generator:
         """Reseed; returns the generator, as PyTorch does."""
         seed = int(seed)
         self._seed = seed
-        self._key = _make_key(seed)
+        self._key = None
         return self
 
     def seed(self) -> int:
@@ -59,9 +61,16 @@ class Generator:
         """The seed last set."""
         return self._seed
 
+    def materialize(self) -> jax.Array:
+        """The current key, made from the seed if no draw has happened yet."""
+        if self._key is None:
+            with jax.ensure_compile_time_eval():  # concrete even inside a trace
+                self._key = _make_key(self._seed)
+        return self._key
+
     def get_state(self) -> jax.Array:
         """The raw key data (a uint32 array), for saving."""
-        return self._key
+        return self.materialize()
 
     def set_state(self, state: jax.Array) -> None:
         """Restore a state returned by :meth:`get_state`."""
@@ -75,7 +84,7 @@ class Generator:
                 its trace: an explicit generator used inside compiled code, or
                 any draw inside a JAX transformation jmodule does not manage.
         """
-        new, sub = jax.random.split(self._key)
+        new, sub = jax.random.split(self.materialize())
         if isinstance(new, jax.core.Tracer) and not binding.is_bound(self.__dict__):
             if self is not default_generator and binding.tracing():
                 raise RuntimeError(_EXPLICIT_IN_TRACE)

@@ -32,7 +32,10 @@ from jmodule._lowering.binding import LOCK, Slot
 
 logger = logging.getLogger("jmodule.compile")
 
-_ArrayImpl = type(jax.numpy.zeros(()))
+# The concrete array class (a type check on it is the fastest "is a plain array"
+# test); imported rather than made from an array, so import starts no backend.
+from jax._src.array import ArrayImpl as _ArrayImpl  # noqa: E402
+
 _RNG_NAME = "<rng key>"
 
 
@@ -328,6 +331,7 @@ class Program:
             named_modules += [
                 (prefix + p if p else prefix.rstrip("."), m) for p, m in d.named_modules
             ]
+        _random.default_generator.materialize()
         slots.append((_random.default_generator.__dict__, "_key"))
         names.append(_RNG_NAME)
         self.objects = objects
