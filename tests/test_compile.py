@@ -94,6 +94,20 @@ def test_no_recompile_on_repeated_calls_and_reuse_after_mode_toggle():
     assert "input shape changed: input (8, 6) -> (4, 6)" in jm.compile_stats(model).reasons[-1]
 
 
+def test_setting_training_attribute_directly_switches_the_compiled_program():
+    model = _mlp(p=0.0)
+    model.compile()
+    x = _x()
+    model(x)
+    model.training = False
+    for m in model.modules():
+        m.training = False
+    before = int(model[1].num_batches_tracked)
+    model(x)
+    assert int(model[1].num_batches_tracked) == before  # eval mode: statistics untouched
+    assert "training mode changed" in jm.compile_stats(model).reasons[-1]
+
+
 def test_recompile_reasons_for_each_structural_change(caplog):
     model = _mlp()
     model.compile()

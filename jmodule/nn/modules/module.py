@@ -270,6 +270,8 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         if name not in _UNSTAMPED:
             d["_stamp"] = next(_stamps)
             binding.bump()
+        elif name == "training":  # part of the structure key: compiled calls re-check it
+            binding.bump()
 
     def _set_buffer(self, buffers: dict, name: str, value: Any) -> None:
         if value is not None and not _is_array(value):

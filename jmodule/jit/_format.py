@@ -1,0 +1,160 @@
+"""The ``jm.jit`` program file: one file, every part checksummed, versioned.
+
+Layout (all integers little-endian)::
+
+    magic            8 bytes   b"\\x89JMJIT\\r\\n"
+    format version   u32
+    header length    u64
+    header           JSON (utf-8): metadata and a table of parts
+    header digest    32 bytes  sha256 of everything above
+    parts            concatenated; each part's offset, length and sha256 are in the header
+
+Reading checks, in order: the magic, the format version, the header digest,
+the header, the total length, then the sha256 of every part, and only then
+hands anything to a parser. ``jax.export.deserialize`` can abort the process
+on a damaged artifact, so nothing reaches it unverified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+
+from jmodule.jit._errors import IncompatibleVersionError, ProgramFileError
+
+MAGIC = b"\x89JMJIT\r\n"
+#: Version of this layout and of the metadata in the header.
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIQ")
+_DIGEST = 32
+_MAX_HEADER = 1 << 30
+
+
+def encode(meta: Mapping[str, Any], parts: Mapping[str, bytes]) -> bytes:
+    """The file's bytes for ``meta`` (JSON-able) and named binary ``parts``."""
+    table = []
+    offset = 0
+    for name, data in parts.items():
+        table.append(
+            {
+                "name": name,
+                "offset": offset,
+                "length": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+        offset += len(data)
+    header = json.dumps({"meta": meta, "parts": table, "data_length": offset}).encode()
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header))
+    digest = hashlib.sha256(prefix + header).digest()
+    return b"".join([prefix, header, digest, *parts.values()])
+
+
+def write(f: str | os.PathLike | BinaryIO, data: bytes) -> None:
+    """Write ``data`` to a path (replacing it atomically) or a binary file object."""
+    if isinstance(f, (str, os.PathLike)):
+        path = os.fspath(f)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return
+    f.write(data)
+
+
+def read_bytes(f: str | os.PathLike | BinaryIO) -> tuple[bytes, str]:
+    """The bytes of a path or binary file object, and a name for messages."""
+    if isinstance(f, (str, os.PathLike)):
+        path = os.fspath(f)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"No jm.jit program file at '{path}'")
+        with open(path, "rb") as src:
+            return src.read(), f"'{path}'"
+    name = getattr(f, "name", None)
+    where = f"'{name}'" if isinstance(name, str) else "the file object"
+    data = f.read()
+    if isinstance(data, str):
+        raise TypeError(f"{where} is open in text mode; open it with 'rb'")
+    return bytes(data), where
+
+
+def decode(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, memoryview]]:
+    """``(meta, parts)`` of a program file, after verifying every checksum.
+
+    Raises:
+        ProgramFileError: not a program file, truncated, or any checksum fails.
+        IncompatibleVersionError: written in a newer format.
+    """
+    if len(data) < len(MAGIC) or data[: len(MAGIC)] != MAGIC:
+        raise ProgramFileError(
+            f"{where} is not a jm.jit program file (it does not start with the jm.jit "
+            "signature). Save programs with jm.jit.save(script_module, f); checkpoints "
+            "written by jm.save are read by jm.load."
+        )
+    if len(data) < _PREFIX.size:
+        raise _truncated(where, len(data), _PREFIX.size)
+    _, version, header_len = _PREFIX.unpack_from(data)
+    if version > FORMAT_VERSION:
+        raise IncompatibleVersionError(
+            f"{where} was written in jm.jit program format {version}, newer than the "
+            f"format {FORMAT_VERSION} this jmodule reads. Upgrade jmodule to load it."
+        )
+    if version < 1:
+        raise ProgramFileError(f"{where} has an invalid format version ({version}).")
+    if header_len > _MAX_HEADER:
+        raise ProgramFileError(f"{where} is corrupted: its header length is invalid.")
+    body = _PREFIX.size + header_len
+    if len(data) < body + _DIGEST:
+        raise _truncated(where, len(data), body + _DIGEST)
+    if hashlib.sha256(data[:body]).digest() != data[body : body + _DIGEST]:
+        raise ProgramFileError(
+            f"{where} is corrupted: the checksum of its header does not match. The file "
+            "was damaged after it was written; save it again."
+        )
+    try:
+        header = json.loads(data[_PREFIX.size : body].decode())
+        table = header["parts"]
+        data_length = int(header["data_length"])
+        meta = header["meta"]
+    except (ValueError, KeyError, TypeError) as e:  # checksum passed: a writer bug
+        raise ProgramFileError(f"{where} has an unreadable header ({e}).") from None
+    start = body + _DIGEST
+    if len(data) < start + data_length:
+        raise _truncated(where, len(data), start + data_length)
+    if len(data) > start + data_length:
+        raise ProgramFileError(
+            f"{where} is corrupted: it has {len(data) - start - data_length} bytes after "
+            "its last part."
+        )
+    view = memoryview(data)
+    parts: dict[str, memoryview] = {}
+    for entry in table:
+        lo = start + int(entry["offset"])
+        hi = lo + int(entry["length"])
+        if hi > start + data_length:
+            raise ProgramFileError(f"{where} is corrupted: part '{entry['name']}' is out of range.")
+        chunk = view[lo:hi]
+        if hashlib.sha256(chunk).hexdigest() != entry["sha256"]:
+            raise ProgramFileError(
+                f"{where} is corrupted: the checksum of part '{entry['name']}' does not "
+                "match. The file was damaged after it was written; save it again."
+            )
+        parts[entry["name"]] = chunk
+    return meta, parts
+
+
+def _truncated(where: str, have: int, need: int) -> ProgramFileError:
+    return ProgramFileError(
+        f"{where} is truncated: it has {have} bytes, the program file needs at least "
+        f"{need}. It was probably cut short while being written or copied."
+    )

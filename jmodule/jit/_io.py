@@ -1,0 +1,309 @@
+"""``jm.jit.save`` and ``jm.jit.load``: a compiled forward and its state in one file.
+
+The program is the forward as ``jax.export`` serializes it (StableHLO, for
+CPU and CUDA, with a symbolic batch dimension when asked), taking the state
+as inputs; the state is stored beside it as raw arrays. Loading verifies
+every checksum and both versions before anything is deserialized, then
+rebuilds the module tree (``_restored``) so the result is a ScriptModule
+whose ``state_dict()`` has the original's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import jax
+import numpy as np
+
+from jmodule._lowering.binding import LOCK
+from jmodule._lowering.compiled import _RNG_NAME
+from jmodule.jit import _format, _spec
+from jmodule.jit._code import ConstMap
+from jmodule.jit._errors import (
+    IncompatibleVersionError,
+    JitError,
+    NotTracedError,
+    ProgramFileError,
+)
+from jmodule.jit._restored import LoadedProgram, describe_tree, restore_tree
+from jmodule.jit._script import _NOT_TRACED, ScriptModule
+from jmodule.jit._trace import FlatForward, trace_symbolic
+
+#: The platforms every saved program is compiled for.
+PLATFORMS = ("cpu", "cuda")
+
+_VIEWS = ("graph", "inlined_graph", "code")
+
+
+def _serialization_version() -> int | None:
+    """The ``jax.export`` serialization schema version of this jax (None if unknown)."""
+    try:
+        from jax._src.export import serialization
+    except ImportError:  # pragma: no cover - future jax
+        return None
+    return getattr(serialization, "_SERIALIZATION_VERSION", None)
+
+
+@dataclass
+class Loaded:
+    """What a loaded ScriptModule keeps from its file."""
+
+    program: LoadedProgram
+    blob: bytes
+    meta: dict[str, Any]
+    constants: dict[str, Any]
+
+    def view(self, what: str) -> Any:
+        """A saved view (``graph``, ``inlined_graph``, ``code``, ``code_with_constants``)."""
+        views = self.meta["views"]
+        if what == "code_with_constants":
+            unsaved = [c["name"] for c in views["constants"] if "part" not in c]
+            if unsaved:
+                raise JitError(
+                    f"The constants {unsaved} of this program's code could not be stored in "
+                    "the file (they are not arrays); .code is available without them."
+                )
+            return views["code"], ConstMap(self.constants)
+        return views[what]
+
+
+def _array_part(value: Any) -> tuple[bytes, dict[str, Any]]:
+    arr = np.asarray(value)
+    return arr.tobytes(order="C"), {"dtype": arr.dtype.name, "shape": list(arr.shape)}
+
+
+def _array(data: memoryview, info: Mapping[str, Any], where: str) -> np.ndarray:
+    dtype = np.dtype(jax.numpy.dtype(info["dtype"]))
+    shape = tuple(int(d) for d in info["shape"])
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(data) != expected:
+        raise ProgramFileError(f"{where} is corrupted: an array part has the wrong size.")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def save(
+    m: ScriptModule,
+    f: str | os.PathLike | BinaryIO,
+    _extra_files: Mapping[str, str | bytes] | None = None,
+) -> None:
+    """Write ``m``'s compiled forward and its state to one file.
+
+    The file holds the program serialized with ``jax.export`` (StableHLO for
+    CPU and CUDA; with ``dynamic_batch=True`` dimension 0 of every array
+    input is symbolic), the parameters and buffers, the module tree's
+    structure and ``state_dict`` keys, the input and output tree structures,
+    the views, and ``_extra_files`` (name -> str or bytes). Every part is
+    checksummed. The program is the forward in the module's current mode,
+    for the inputs of its latest compilation (or its example inputs);
+    non-array arguments are compile-time constants of the saved program.
+
+    Args:
+        m: a ScriptModule (from ``jm.jit.script``/``trace``/``load``).
+        f: a path (written atomically) or a binary file object.
+        _extra_files: extra named files to store, as ``torch.jit.save``.
+
+    Raises:
+        TypeError: ``m`` is not a ScriptModule.
+        NotTracedError: nothing has been traced yet.
+        TracingError: the forward cannot be traced (e.g. for a symbolic batch).
+
+    >>> import io, jax.numpy as jnp
+    >>> import jmodule as jm
+    >>> import jmodule.jit
+    >>> sm = jm.jit.trace(jm.nn.Linear(4, 2), jnp.ones((3, 4)))
+    >>> buf = io.BytesIO(); sm.save(buf); _ = buf.seek(0)
+    >>> jm.jit.load(buf)(jnp.ones((3, 4))).shape
+    (3, 2)
+    """
+    if not isinstance(m, ScriptModule):
+        raise TypeError(
+            f"jm.jit.save takes a ScriptModule, got {type(m).__name__}; make one with "
+            "jm.jit.trace(model, example_inputs) or jm.jit.script(model)."
+        )
+    loaded = m.__dict__["_jm_loaded"]
+    with LOCK:
+        if loaded is not None:
+            meta = {k: v for k, v in loaded.meta.items() if k not in ("tree", "arrays", "extra")}
+            blob = loaded.blob
+            constants = loaded.constants
+        else:
+            meta, blob, constants = _export(m)
+        module = m.module
+        meta["tree"] = describe_tree(module)
+        flat = FlatForward(module, m._traced_forward)
+        values = dict(zip(flat.names, flat.state_values()))
+    parts: dict[str, bytes] = {"program": bytes(blob)}
+    arrays = []
+    for i, name in enumerate(meta["state"]):
+        if name == _RNG_NAME:
+            continue
+        data, info = _array_part(values[name])
+        parts[f"state/{i}"] = data
+        arrays.append({"name": name, "part": f"state/{i}", **info})
+    meta["arrays"] = arrays
+    constant_infos = []
+    for i, (name, value) in enumerate(constants.items()):
+        if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type):
+            try:
+                data, info = _array_part(value)
+            except (TypeError, ValueError):
+                constant_infos.append({"name": name, "type": type(value).__name__})
+                continue
+            parts[f"constant/{i}"] = data
+            constant_infos.append({"name": name, "part": f"constant/{i}", **info})
+        else:
+            constant_infos.append({"name": name, "type": type(value).__name__})
+    meta["views"] = {**meta["views"], "constants": constant_infos}
+    extra = []
+    for i, (name, content) in enumerate((_extra_files or {}).items()):
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        parts[f"extra/{i}"] = data
+        extra.append({"name": name, "part": f"extra/{i}"})
+    meta["extra"] = extra
+    _format.write(f, _format.encode(meta, parts))
+
+
+def _export(m: ScriptModule) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
+    """Export ``m``'s forward: (metadata, serialized program, code constants)."""
+    from jmodule import __version__
+
+    d = m.__dict__
+    signature = d["_jm_signature"]
+    if signature is None:
+        raise NotTracedError(_NOT_TRACED.format(name=m._label(), what="program to save"))
+    flat = FlatForward(m.module, m._traced_forward)
+    if d["_jm_dynamic_batch"]:
+        exported, constraint = trace_symbolic(lambda s: flat.export(s, PLATFORMS), signature)
+    else:
+        exported, constraint = flat.export(signature, PLATFORMS), ""
+    code, constants = m.code_with_constants
+    meta = {
+        "format_version": _format.FORMAT_VERSION,
+        "jmodule_version": __version__,
+        "jax_version": jax.__version__,
+        "serialization_version": _serialization_version(),
+        "calling_convention_version": exported.calling_convention_version,
+        "platforms": list(exported.platforms),
+        "byteorder": sys.byteorder,
+        "original_name": m.original_name,
+        "state": list(flat.names),
+        "changed": [flat.names[i] for i in flat.changed],
+        "modes": {p: bool(x.training) for p, x in m.module.named_modules()},
+        "arg_names": d["_jm_arg_names"],
+        "inputs": _spec.encode(signature.tree, "the arguments"),
+        "output": _spec.encode(_spec.out_skeleton(flat.out_tree), "the output"),
+        "dynamic_batch": d["_jm_dynamic_batch"],
+        "batch_constraint": constraint,
+        "views": {"graph": m.graph, "inlined_graph": m.inlined_graph, "code": code},
+    }
+    return meta, exported.serialize(), dict(constants.items())
+
+
+def _check_versions(meta: Mapping[str, Any], where: str) -> None:
+    if meta.get("byteorder", sys.byteorder) != sys.byteorder:
+        raise IncompatibleVersionError(
+            f"{where} was written on a {meta['byteorder']}-endian machine; this one is "
+            f"{sys.byteorder}-endian."
+        )
+    saved_jax = meta.get("jax_version", "?")
+    version = meta.get("calling_convention_version")
+    lo = jax.export.minimum_supported_calling_convention_version
+    hi = jax.export.maximum_supported_calling_convention_version
+    if not isinstance(version, int) or not lo <= version <= hi:
+        raise IncompatibleVersionError(
+            f"{where} holds a program in jax.export calling convention {version} (written "
+            f"with jax {saved_jax}); this jax ({jax.__version__}) runs versions {lo} to {hi}. "
+            f"Load it with a jax that supports that version, or save the model again with "
+            f"this one."
+        )
+    saved = meta.get("serialization_version")
+    current = _serialization_version()
+    if saved is not None and current is not None and saved > current:
+        raise IncompatibleVersionError(
+            f"{where} was serialized by jax {saved_jax} in jax.export serialization version "
+            f"{saved}; this jax ({jax.__version__}) reads versions up to {current}. Upgrade "
+            "jax to load it, or save the model again with this jax."
+        )
+
+
+def load(
+    f: str | os.PathLike | BinaryIO,
+    map_location: Any = None,
+    _extra_files: dict[str, Any] | None = None,
+) -> ScriptModule:
+    """Load a program saved by :func:`save` as a ScriptModule; no Python class is needed.
+
+    The result runs the saved program (deserialized and compiled, not
+    retraced), and its ``state_dict()``, ``load_state_dict()``,
+    ``parameters()``, ``to()`` (device moves) and views work. A program saved
+    in training mode keeps updating its buffers (e.g. BatchNorm statistics).
+    It cannot change mode or dtype: it has no Python code to retrace.
+
+    Args:
+        f: a path or a binary file object.
+        map_location: where to put the state: anything ``Module.to`` accepts
+            as a device (``"cpu"``, ``"cuda:0"``, a ``jax.Device`` or sharding).
+        _extra_files: a dict whose keys name extra files to read; their
+            contents (bytes) are filled in, as ``torch.jit.load`` does (names
+            the file lacks are left as they are).
+
+    Raises:
+        ProgramFileError: the file is truncated, corrupted or not a program file.
+        IncompatibleVersionError: written by a newer jmodule, or a jax whose
+            program versions this jax cannot read.
+
+    >>> import io, jax.numpy as jnp
+    >>> import jmodule as jm
+    >>> import jmodule.jit
+    >>> buf = io.BytesIO()
+    >>> jm.jit.trace(jm.nn.BatchNorm1d(3), jnp.ones((4, 3))).save(buf)
+    >>> _ = buf.seek(0)
+    >>> bn = jm.jit.load(buf)
+    >>> _ = bn(jnp.ones((4, 3)))
+    >>> list(bn.state_dict()), int(bn.state_dict()["num_batches_tracked"])
+    (['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked'], 1)
+    """
+    data, where = _format.read_bytes(f)
+    meta, parts = _format.decode(data, where)
+    _check_versions(meta, where)
+    try:
+        state = {a["name"]: _array(parts[a["part"]], a, where) for a in meta["arrays"]}
+        constants = {
+            c["name"]: _array(parts[c["part"]], c, where)
+            for c in meta["views"]["constants"]
+            if "part" in c
+        }
+        extra = {e["name"]: bytes(parts[e["part"]]) for e in meta["extra"]}
+        blob = bytes(parts["program"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProgramFileError(f"{where} has an inconsistent table of contents ({e}).") from None
+    try:
+        exported = jax.export.deserialize(bytearray(blob))
+    except Exception as e:  # checksums passed, so a jax that cannot read this jax's output
+        raise IncompatibleVersionError(
+            f"{where}: this jax ({jax.__version__}) cannot deserialize the program written "
+            f"with jax {meta.get('jax_version', '?')}: {e}"
+        ) from e
+    # device_put is a plain transfer (jnp.asarray would compile a conversion per shape).
+    arrays = {name: jax.device_put(np.array(value)) for name, value in state.items()}
+    try:
+        root = restore_tree(meta["tree"], arrays)
+        program = LoadedProgram(exported, meta)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ProgramFileError(f"{where} describes an inconsistent module tree ({e}).") from None
+    root.__dict__["_jm_program"] = program
+    sm = ScriptModule(root)
+    sm.__dict__["_jm_loaded"] = Loaded(program, blob, meta, constants)
+    sm.__dict__["_jm_arg_names"] = meta.get("arg_names")
+    sm.__dict__["_compiled"].program.arg_names = meta.get("arg_names")
+    if map_location is not None:
+        sm.to(map_location)
+    if _extra_files is not None:
+        for name in _extra_files:
+            if name in extra:
+                _extra_files[name] = extra[name]
+    return sm
