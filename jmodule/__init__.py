@@ -9,6 +9,7 @@
 """
 
 from jmodule import checkpoint as checkpoint
+from jmodule import distributed as distributed
 from jmodule import func as func
 from jmodule import jit as jit
 from jmodule import optim as optim

@@ -217,8 +217,28 @@ class CastingMixin:
         The values are zeros (JAX has no uninitialised memory). Use it after
         building under ``jm.device("meta")``, then call ``reset_parameters()``
         or ``load_state_dict``. ``device`` may be a ``jax.sharding.Sharding``
-        so each array is allocated already sharded.
+        (every array allocated with it), or ``(mesh, rules)`` with the rules of
+        :func:`jmodule.distributed.shard`: each array is then created directly
+        with its own sharding, so every device allocates only its shard, and
+        ``reset_parameters()`` fills the shards in place.
+
+        Raises:
+            ShardingRuleError: a rule cannot apply (see ``jm.distributed.shard``).
+
+        >>> import jmodule as jm
+        >>> with jm.device("meta"):
+        ...     layer = jm.nn.Linear(4, 2)
+        >>> layer.to_empty(device="cpu").weight.shape
+        (2, 4)
         """
+        if (
+            isinstance(device, tuple)
+            and len(device) == 2
+            and isinstance(device[0], jax.sharding.Mesh)
+        ):
+            from jmodule.distributed import _rules  # imports nn: resolve at call time
+
+            return _rules.allocate(self, device[0], device[1], recurse)
         place = _device.resolve(device)
         if isinstance(place, _device.device):
             return self._apply(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), recurse)

@@ -1,0 +1,63 @@
+"""One process of a two-process data-parallel job on localhost (issue 7, multi-process).
+
+``tests/test_distributed.py`` starts two of these with torchrun's variables
+(``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``) and 2 simulated CPU
+devices each; ``jm.distributed.init()`` joins them into one 4-device job whose
+CPU collectives run over gloo. Each process feeds its half of every batch
+and runs compiled training steps, data parallel (replicated weights) and
+FSDP (weights sharded across both processes); it writes the losses and the
+final weights to ``OUT.npz`` for the test to compare with one process.
+
+Usage: python tests/_dist_process.py OUT.npz
+"""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jmodule as jm
+import jmodule.distributed as dist
+
+dist.init()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from _dist_models import as_float, batch, classifier, run_steps  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+import jmodule.optim  # noqa: E402
+
+STEPS = 3
+
+
+def train(layout, mesh):
+    """Losses and gathered weights after STEPS compiled Adam steps."""
+    jm.manual_seed(0)
+    model = classifier()
+    dist.shard(model, mesh, dist.fsdp(mesh) if layout == "fsdp" else None)
+    opt = jm.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = batch()
+    rank, half = dist.get_rank(), len(x) // dist.get_world_size()
+    local = (x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half])
+    losses, _ = run_steps(model, opt, *dist.shard_batch(local, mesh), steps=STEPS)
+    state = {
+        f"{layout}/{k}": np.asarray(multihost_utils.process_allgather(v, tiled=True))
+        for k, v in model.state_dict().items()
+    }
+    return {f"{layout}/loss": np.array([as_float(v) for v in losses]), **state}
+
+
+def main(out):
+    assert dist.get_world_size() == 2 and jax.device_count() == 4, jax.devices()
+    assert len(jax.local_devices()) == 2
+    mesh = dist.make_mesh()
+    results = {**train("dp", mesh), **train("fsdp", mesh)}
+    np.savez(out, rank=dist.get_rank(), **results)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
