@@ -12,11 +12,10 @@ from jmodule import checkpoint as checkpoint
 from jmodule import distributed as distributed
 from jmodule import func as func
 from jmodule import jit as jit
-from jmodule import optim as optim
-from jmodule import serialization as serialization
 from jmodule import nn as nn
+from jmodule import optim as optim
 from jmodule import random as random
-from jmodule.summary import summary as summary
+from jmodule import serialization as serialization
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile as compile
@@ -56,5 +55,6 @@ from jmodule.random import manual_seed as manual_seed
 from jmodule.random import seed as seed
 from jmodule.serialization import load as load
 from jmodule.serialization import save as save
+from jmodule.summary import summary as summary
 
 __version__ = "0.1.0.dev0"

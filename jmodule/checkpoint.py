@@ -52,6 +52,7 @@ class CheckpointManager:
     >>> import tempfile, jax.numpy as jnp, jmodule as jm
     >>> with jm.checkpoint.CheckpointManager(tempfile.mkdtemp()) as mngr:
     ...     mngr.save(10, {"w": jnp.ones(3)})
+    ...     mngr.wait_until_finished()
     ...     mngr.latest_step()
     True
     10

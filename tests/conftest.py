@@ -4,8 +4,8 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 _CACHE = os.path.join(os.path.expanduser("~"), ".cache", "jmodule-tests-jax")
 jax.config.update("jax_compilation_cache_dir", _CACHE)

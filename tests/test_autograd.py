@@ -155,7 +155,7 @@ def test_grad_and_value_and_grad_keyed_like_state_dict():
     assert list(grads) == [k for k, _ in ours.named_parameters()]
     for name, p in ref.named_parameters():
         np.testing.assert_allclose(np.asarray(grads[name]), p.grad.numpy(), rtol=1e-5, atol=1e-6)
-    g_model, g_x = jm.grad(fn, argnums=(0, 1))(ours, jnp.asarray(x))
+    _, g_x = jm.grad(fn, argnums=(0, 1))(ours, jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(g_x), t_x.grad.numpy(), rtol=1e-5, atol=1e-6)
     assert all(p.grad is None for p in ours.parameters())  # .grad untouched
     (val, aux), _ = jm.value_and_grad(lambda m, i: (fn(m, i), "aux"), has_aux=True)(ours, x)

@@ -30,9 +30,11 @@ def save(
     and every array carries a CRC-32 that :func:`load` checks.
 
     The save is atomic and durable: everything is written to a hidden sibling,
-    flushed to disk and renamed into place, so a save killed at any moment
-    leaves either nothing or the previous checkpoint at ``path`` (the
-    overwritten one stays loadable until the new one is complete).
+    flushed to disk and renamed into place. A save killed at any moment never
+    leaves a partial checkpoint: ``load(path)`` then gives the previous
+    checkpoint (nothing, for a first save) or, once it was complete, the new
+    one; the next save to ``path`` tidies up what the killed one left.
+    (Orbax's own ``force=True`` deletes the old checkpoint before writing.)
 
     Args:
         obj: what to save; numpy scalars are saved as 0-d arrays.
@@ -111,9 +113,13 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
         map_location: where arrays land, as ``Module.to`` takes it: a device
             (``"cpu"``, ``"cuda:1"``, ``jax.Device``), a ``jax.sharding.Sharding``
             (arrays are restored straight onto it), a dtype (floating and
-            complex arrays are cast), a ``(device, dtype)`` pair, ``"meta"``
-            (``jax.ShapeDtypeStruct`` only, nothing read), or a callable
-            ``fn(array, key) -> array``. Default: the current default device.
+            complex arrays are cast), a ``(device, dtype)`` pair, an array (its
+            sharding and dtype), ``"meta"`` (``jax.ShapeDtypeStruct`` only,
+            nothing read), or a callable ``fn(array, key) -> array`` (``key``
+            is the dotted path, e.g. ``"model.fc.weight"``); ``torch.device``
+            and ``torch.dtype`` objects work too. Default: the device of the
+            enclosing ``with jm.device(...)`` block (not ``"meta"``), else
+            JAX's default device.
         verify: check checksums (jm's checkpoints and jm-written safetensors).
             Verification reads arrays back to host memory: free on the CPU,
             one device-to-host copy on accelerators.

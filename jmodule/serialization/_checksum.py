@@ -34,7 +34,7 @@ def host_bytes(x: Any) -> np.ndarray:
 
     Free for arrays on the CPU; copies arrays on an accelerator to the host.
     """
-    a = np.ascontiguousarray(np.asarray(x))
+    a = np.asarray(x, order="C")
     return a.reshape(-1).view(np.uint8)
 
 

@@ -42,9 +42,7 @@ def _is_dtype(x: Any) -> bool:
 
 def _default_place() -> Any:
     current = _device.default_device()
-    if isinstance(current, _device.device):  # with jm.device("meta")
-        return _META
-    if current is not None:
+    if isinstance(current, jax.Device):  # with jm.device("cuda:1"): ...
         return current
     configured = jax.config.jax_default_device
     if isinstance(configured, jax.Device):
@@ -76,6 +74,16 @@ class Placement:
     def _take(self, spec: Any) -> None:
         if spec is None:
             return
+        if type(spec).__module__ == "torch" and type(spec).__name__ in ("device", "dtype"):
+            spec = str(spec).removeprefix("torch.")  # torch.device("cpu"), torch.float16
+            if not spec.startswith(("cpu", "cuda", "meta", "mps", "xpu")):
+                spec = jnp.dtype(spec)
+        if isinstance(spec, dict):
+            raise TypeError(
+                "map_location does not take a dict (PyTorch's device-to-device remapping): "
+                "arrays land on the one device, sharding or dtype given, or pass a callable "
+                "fn(array, key) -> array."
+            )
         if isinstance(spec, jax.Array):
             self.where, self.dtype = spec.sharding, spec.dtype
         elif _is_dtype(spec):

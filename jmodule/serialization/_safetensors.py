@@ -2,8 +2,8 @@
 
 jm adds two metadata entries when it writes a file, both ignored by other
 readers and hidden from :func:`read_metadata`: ``jmodule.order`` (the key
-order, which the format does not keep) and ``jmodule.crc32`` (a CRC-32 per
-tensor, verified when present).
+order, which the format does not keep) and ``jmodule.checksums`` (each
+tensor's CRC-32, dtype and shape, verified when present).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from jmodule.serialization._errors import (
 from jmodule.serialization._placement import Placement
 
 ORDER = "jmodule.order"
-CRC = "jmodule.crc32"
+CRC = "jmodule.checksums"
 _RESERVED = "jmodule."
 _MAX_HEADER = 100_000_000  # the safetensors library's own limit
 
@@ -43,7 +43,7 @@ def _host(x: Any, key: str) -> np.ndarray:
             f"cannot save '{key}' of type {type(x).__name__} to safetensors, which holds only "
             "arrays; save other values with jm.save to a directory (an Orbax checkpoint)."
         )
-    a = np.ascontiguousarray(np.asarray(x))
+    a = np.asarray(x, order="C")
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
     return a
@@ -82,7 +82,9 @@ def write(
     arrays = {k: _host(v, k) for k, v in obj.items()}
     crcs = _checksum.crc32_many(list(arrays.values()))()
     meta[ORDER] = json.dumps(list(arrays))
-    meta[CRC] = json.dumps(dict(zip(arrays, crcs)))
+    meta[CRC] = json.dumps(
+        {k: [c, a.dtype.name, list(a.shape)] for (k, a), c in zip(arrays.items(), crcs)}
+    )
     specs = {
         k: TensorSpec(dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
         for k, a in arrays.items()
@@ -155,6 +157,8 @@ def _jm_meta(path: Path, meta: dict[str, str], keys: list[str]) -> tuple[list[st
             crcs = json.loads(meta[CRC])
             if not (isinstance(crcs, dict) and set(crcs) == set(keys)):
                 raise ValueError("checksums do not list the file's tensors")
+            if not all(isinstance(v, list) and len(v) == 3 for v in crcs.values()):
+                raise ValueError("malformed checksums")
     except (ValueError, TypeError) as e:
         raise CorruptCheckpointError(f"'{path}' has corrupted jmodule metadata: {e}") from None
     return order, crcs
@@ -198,11 +202,14 @@ def read_host(path: os.PathLike | str, verify: bool = True) -> dict[str, np.ndar
         ) from None
     if verify and crcs:
         got = _checksum.crc32_many(list(out.values()))()
-        bad = [k for k, c in zip(out, got) if crcs[k] != c]
+        bad = [
+            k for (k, a), c in zip(out.items(), got) if crcs[k] != [c, a.dtype.name, list(a.shape)]
+        ]
         if bad:
             raise CorruptCheckpointError(
-                f"'{path}' is corrupted: the data of {', '.join(repr(k) for k in bad[:8])} does "
-                "not match the checksum jm saved with it"
+                f"'{path}' is corrupted: the data, dtype or shape of "
+                f"{', '.join(repr(k) for k in bad[:8])} does not match the checksum jm saved "
+                "with it"
             )
     return out
 

@@ -8,13 +8,11 @@ Both of ``torch.save``'s formats are read:
   pickles in a row (magic number, protocol, system info, the object, the
   storage keys), then each storage as an int64 element count and its bytes.
 
-Safety: before a pickle is unpickled, every global it refers to is checked
-against a short list (tensor rebuild functions, storage and dtype names,
-``OrderedDict``, ``set``, ``_codecs.encode``), and each is mapped to jm's own
-stand-in, never to PyTorch's function. Anything else raises
-:class:`UnsafePickleError` before a single opcode runs. Tensors become numpy
-arrays honouring storage offsets and strides; tensors that share a storage
-are cut from the same bytes.
+Safety: every pickle goes through :mod:`._torch_unpickler`, which refuses
+anything but tensors, storages, ``OrderedDict`` and plain containers before a
+single opcode runs. Tensors become numpy arrays honouring storage offsets and
+strides (views, transposes, expanded tensors); tensors that share a storage
+are cut from the same bytes; one tensor saved twice comes back as one array.
 """
 
 from __future__ import annotations
@@ -23,17 +21,15 @@ import collections
 import io
 import math
 import os
-import pickle
-import pickletools
 import struct
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
+from jmodule.serialization import _torch_unpickler as _u
 from jmodule.serialization._errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -45,247 +41,13 @@ from jmodule.serialization._placement import Placement
 _MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 
-_DTYPE_NAMES = {
-    "float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
-    "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
-    "int64": "int64", "long": "int64", "int32": "int32", "int": "int32",
-    "int16": "int16", "short": "int16", "int8": "int8", "uint8": "uint8",
-    "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
-    "complex64": "complex64", "cfloat": "complex64",
-    "complex128": "complex128", "cdouble": "complex128",
-    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
-    "float8_e4m3fnuz": "float8_e4m3fnuz", "float8_e5m2fnuz": "float8_e5m2fnuz",
-}  # fmt: skip
-_STORAGE_NAMES = {
-    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
-    "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
-    "ComplexDoubleStorage": "complex128", "UntypedStorage": "uint8",
-}  # fmt: skip
-
-
-class _Frozen:
-    """Stand-ins refuse pickle's BUILD, so a pickle cannot rewrite their fields."""
-
-    __slots__ = ()
-
-    def __setstate__(self, state: Any) -> None:
-        raise UnsafePickleError("the pickle tries to set the state of a tensor or storage")
-
-
-class _DType(_Frozen):
-    __slots__ = ("dtype",)
-
-    def __init__(self, name: str):
-        self.dtype = jnp.dtype(name)
-
-
-class _StorageType(_DType):
-    __slots__ = ()
-
-
-class _Storage(_Frozen):
-    """A storage: ``numel`` elements of ``dtype``, read on first use."""
-
-    __slots__ = ("_data", "dtype", "fetch", "key", "numel")
-
-    def __init__(self, dtype: np.dtype, numel: int, key: str, fetch: Callable[[], bytes]):
-        self.dtype, self.numel, self.key, self.fetch = dtype, numel, key, fetch
-        self._data: np.ndarray | None = None
-
-    def data(self) -> np.ndarray:
-        if self._data is None:
-            raw = self.fetch()
-            if len(raw) != self.numel * self.dtype.itemsize:
-                raise ValueError(
-                    f"storage '{self.key}' has {len(raw)} bytes, expected "
-                    f"{self.numel} x {self.dtype.itemsize}"
-                )
-            self._data = np.frombuffer(raw, dtype=self.dtype)
-        return self._data
-
-
-class _StorageView(_Frozen):
-    """A slice of a storage (legacy format's ``view_metadata``)."""
-
-    __slots__ = ("base", "numel", "offset")
-
-    def __init__(self, base: _Storage, offset: int, numel: int):
-        self.base, self.offset, self.numel = base, offset, numel
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.base.dtype
-
-    def data(self) -> np.ndarray:
-        full = self.base.data()
-        if not (0 <= self.offset and self.offset + self.numel <= full.size):
-            raise ValueError(f"storage view out of bounds of storage '{self.base.key}'")
-        return full[self.offset : self.offset + self.numel]
-
-
-class _Tensor(_Frozen):
-    __slots__ = ("dtype", "metadata", "offset", "size", "storage", "stride")
-
-    def __init__(self, storage, offset, size, stride, dtype=None, metadata=None):
-        self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
-        self.dtype, self.metadata = dtype, metadata
-
-
-def _rebuild_tensor(storage, storage_offset, size, stride):
-    return _Tensor(storage, storage_offset, size, stride)
-
-
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
-                       backward_hooks=None, metadata=None):  # fmt: skip
-    return _Tensor(storage, storage_offset, size, stride, metadata=metadata)
-
-
-def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks,
-                       dtype, metadata=None):  # fmt: skip
-    if not isinstance(dtype, _DType):
-        raise ValueError("_rebuild_tensor_v3 without a torch dtype")
-    return _Tensor(storage, storage_offset, size, stride, dtype=dtype.dtype, metadata=metadata)
-
-
-def _rebuild_parameter(data, requires_grad, backward_hooks):
-    return data
-
-
-def _rebuild_parameter_with_state(data, requires_grad, backward_hooks, state):
-    return data
-
-
-def _encode(text, encoding="latin1"):
-    """``_codecs.encode`` as protocol-2 pickles use it for ``bytes`` (str -> bytes only)."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "ascii"):
-        raise UnsafePickleError("_codecs.encode used for something other than bytes")
-    return text.encode(encoding)
-
-
-def _size(*args):
-    if len(args) == 1 and isinstance(args[0], (tuple, list)):
-        return tuple(args[0])
-    return tuple(args)
-
-
-_ALLOWED: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("__builtin__", "set"): set,
-    ("__builtin__", "frozenset"): frozenset,
-    ("_codecs", "encode"): _encode,
-    ("torch", "Size"): _size,
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter_with_state,
-    **{("torch", n): _StorageType(d) for n, d in _STORAGE_NAMES.items()},
-    ("torch.storage", "UntypedStorage"): _StorageType("uint8"),
-    **{("torch", n): _DType(d) for n, d in _DTYPE_NAMES.items()},
-}
-
-_UNSAFE_HELP = (
-    "jm reads only tensors, storages, OrderedDict and plain containers from PyTorch files, "
-    "and refuses anything else because unpickling it can run arbitrary code. If you trust the "
-    "file, load it with torch.load(path, weights_only=False), save obj.state_dict() (or the "
-    "plain dict) with torch.save, and load that."
-)
-
-
-def _refuse(source: str, module: str, name: str) -> UnsafePickleError:
-    return UnsafePickleError(
-        f"'{source}' refers to {module}.{name}, which jm will not load. {_UNSAFE_HELP}"
-    )
-
-
-_STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING",
-               "BINSTRING", "SHORT_BINSTRING"}  # fmt: skip
-_MEMO_PUT = {"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
-_MEMO_GET = {"GET", "BINGET", "LONG_BINGET"}
-_FORBIDDEN = {"EXT1", "EXT2", "EXT4"}
-
-
-def _vet(stream: io.BytesIO, source: str) -> None:
-    """Check every global the pickle at ``stream``'s position uses; leave the position there.
-
-    Raises:
-        UnsafePickleError: a global outside the allowed list, or one whose
-            name cannot be read without running the pickle.
-        CorruptCheckpointError: not a well-formed pickle.
-    """
-    memo: dict[int, Any] = {}
-    recent: list[Any] = []  # values of the last pushes (str, or None for anything else)
-    start = stream.tell()
-    try:
-        for op, arg, _ in pickletools.genops(stream):
-            name = op.name
-            if name in _FORBIDDEN:
-                raise UnsafePickleError(f"'{source}' uses the pickle extension registry ({name})")
-            if name in ("GLOBAL", "INST"):
-                module, _, attr = arg.partition(" ")
-                if (module, attr) not in _ALLOWED:
-                    raise _refuse(source, module, attr)
-            elif name == "STACK_GLOBAL":
-                module, attr = recent[-2:] if len(recent) >= 2 else (None, None)
-                if not (isinstance(module, str) and isinstance(attr, str)):
-                    raise UnsafePickleError(f"'{source}' builds a global name at run time")
-                if (module, attr) not in _ALLOWED:
-                    raise _refuse(source, module, attr)
-            if name in _MEMO_PUT:
-                memo[len(memo) if name == "MEMOIZE" else arg] = recent[-1] if recent else None
-            elif name in _MEMO_GET:
-                recent.append(memo.get(arg))
-            elif name in _STRING_OPS:
-                recent.append(arg if isinstance(arg, str) else arg.decode("latin1"))
-            elif name != "PROTO" and name != "FRAME":
-                recent.append(None)
-            del recent[:-2]
-    except UnsafePickleError:
-        raise
-    except Exception as e:
-        raise CorruptCheckpointError(f"'{source}' holds a corrupted pickle: {e}") from None
-    stream.seek(start)
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, stream: io.BytesIO, source: str, persistent_load: Callable[[Any], Any]):
-        super().__init__(stream)
-        self._source = source
-        self._persistent = persistent_load
-
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _ALLOWED[(module, name)]
-        except KeyError:
-            raise _refuse(self._source, module, name) from None
-
-    def persistent_load(self, pid: Any) -> Any:
-        return self._persistent(pid)
-
-
-def _unpickle(stream: io.BytesIO, source: str, persistent_load: Callable[[Any], Any]) -> Any:
-    """Vet, then unpickle, the pickle at ``stream``'s position (which ends after it)."""
-    _vet(stream, source)
-    try:
-        return _Unpickler(stream, source, persistent_load).load()
-    except (UnsafePickleError, CheckpointError):
-        raise
-    except Exception as e:
-        raise CorruptCheckpointError(
-            f"'{source}' holds a corrupted pickle: {type(e).__name__}: {e}"
-        ) from None
-
 
 def _ascii(x: Any) -> Any:
     return x.decode("ascii") if isinstance(x, bytes) else x
 
 
 def _storage_type(x: Any, source: str) -> np.dtype:
-    if not isinstance(x, _StorageType):
+    if not isinstance(x, _u.StorageType):
         raise CorruptCheckpointError(f"'{source}' names a storage without a storage type")
     return x.dtype
 
@@ -293,7 +55,7 @@ def _storage_type(x: Any, source: str) -> np.dtype:
 def _read_zip(path: Path) -> Any:
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
+    except Exception as e:  # BadZipFile, OSError, ValueError, ...
         raise CorruptCheckpointError(f"'{path}' is a damaged zip archive: {e}") from None
     with zf:
         names = zf.namelist()
@@ -317,13 +79,13 @@ def _read_zip(path: Path) -> Any:
                 return zf.read(prefix + name)
             except KeyError:
                 raise CorruptCheckpointError(f"'{path}' has no record '{name}'") from None
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+            except Exception as e:  # zipfile raises BadZipFile, RuntimeError, zlib.error, ...
                 raise CorruptCheckpointError(f"'{path}' record '{name}' is damaged: {e}") from None
 
         big = f"{prefix}byteorder" in names and record("byteorder") == b"big"
-        storages: dict[str, _Storage] = {}
+        storages: dict[str, _u.Storage] = {}
 
-        def persistent_load(pid: Any) -> _Storage:
+        def persistent_load(pid: Any) -> _u.Storage:
             if not (isinstance(pid, tuple) and len(pid) == 5 and _ascii(pid[0]) == "storage"):
                 raise CorruptCheckpointError(f"'{path}' has an unknown persistent id {pid!r}")
             _, stype, key, _location, numel = pid
@@ -332,10 +94,10 @@ def _read_zip(path: Path) -> Any:
             if key not in storages:
                 if type(numel) is not int or numel < 0:
                     raise CorruptCheckpointError(f"'{path}' storage '{key}' has a bad size")
-                storages[key] = _Storage(dtype, numel, key, lambda k=key: record(f"data/{k}"))
+                storages[key] = _u.Storage(dtype, numel, key, lambda k=key: record(f"data/{k}"))
             return storages[key]
 
-        obj = _unpickle(io.BytesIO(record("data.pkl")), str(path), persistent_load)
+        obj = _u.unpickle(io.BytesIO(record("data.pkl")), str(path), persistent_load)
         return _convert(obj, path, big)
 
 
@@ -346,7 +108,7 @@ def _read_legacy(path: Path, data: bytes) -> Any:
         raise CorruptCheckpointError(f"'{path}' has an unexpected persistent id")
 
     def next_pickle(persistent_load: Callable[[Any], Any] = refuse) -> Any:
-        return _unpickle(stream, str(path), persistent_load)
+        return _u.unpickle(stream, str(path), persistent_load)
 
     if next_pickle() != _MAGIC:
         raise CorruptCheckpointError(f"'{path}' is not a PyTorch file (bad magic number)")
@@ -355,13 +117,13 @@ def _read_legacy(path: Path, data: bytes) -> Any:
         raise CorruptCheckpointError(f"'{path}' has unknown legacy protocol {protocol!r}")
     info = next_pickle()
     little = not isinstance(info, dict) or info.get("little_endian", True)
-    roots: dict[str, _Storage] = {}
-    views: dict[str, _StorageView] = {}
+    roots: dict[str, _u.Storage] = {}
+    views: dict[str, _u.StorageView] = {}
 
     def persistent_load(pid: Any) -> Any:
         if isinstance(pid, tuple) and pid and _ascii(pid[0]) == "module":
             raise UnsafePickleError(
-                f"'{path}' pickles a whole nn.Module (torch.save(model)). {_UNSAFE_HELP}"
+                f"'{path}' pickles a whole nn.Module (torch.save(model)). {_u.UNSAFE_HELP}"
             )
         if not (isinstance(pid, tuple) and len(pid) == 6 and _ascii(pid[0]) == "storage"):
             raise CorruptCheckpointError(f"'{path}' has an unknown persistent id {pid!r}")
@@ -371,11 +133,11 @@ def _read_legacy(path: Path, data: bytes) -> Any:
         if key not in roots:
             if type(numel) is not int or numel < 0:
                 raise CorruptCheckpointError(f"'{path}' storage '{key}' has a bad size")
-            roots[key] = _Storage(dtype, numel, key, lambda k=key: raw[k])
+            roots[key] = _u.Storage(dtype, numel, key, lambda k=key: raw[k])
         if view is None:
             return roots[key]
         view_key, offset, view_numel = view
-        views.setdefault(str(view_key), _StorageView(roots[key], offset, view_numel))
+        views.setdefault(str(view_key), _u.StorageView(roots[key], offset, view_numel))
         return views[str(view_key)]
 
     raw: dict[str, bytes] = {}
@@ -401,9 +163,9 @@ def _read_legacy(path: Path, data: bytes) -> Any:
     return _convert(obj, path, not little)
 
 
-def _tensor_array(t: _Tensor, big_endian: bool) -> np.ndarray:
+def _tensor_array(t: _u.Tensor, big_endian: bool) -> np.ndarray:
     storage = t.storage
-    if not isinstance(storage, (_Storage, _StorageView)):
+    if not isinstance(storage, (_u.Storage, _u.StorageView)):
         raise ValueError("a tensor without a storage")
     size, stride, offset = t.size, t.stride, t.offset
     if not (
@@ -447,10 +209,10 @@ def _convert(obj: Any, path: Path, big_endian: bool) -> Any:
     done: dict[int, Any] = {}
 
     def walk(x: Any, key: str) -> Any:
-        if isinstance(x, (_Tensor, _Storage, _StorageView)):
+        if isinstance(x, (_u.Tensor, _u.Storage, _u.StorageView)):
             if id(x) not in done:
                 try:
-                    if isinstance(x, _Tensor):
+                    if isinstance(x, _u.Tensor):
                         done[id(x)] = _tensor_array(x, big_endian)
                     else:
                         data = np.array(x.data())
@@ -460,11 +222,12 @@ def _convert(obj: Any, path: Path, big_endian: bool) -> Any:
                         f"'{path}' (key '{key}') is corrupted: {e}"
                     ) from None
             return done[id(x)]
-        if isinstance(x, _DType):
+        if isinstance(x, _u.DType):
             return x.dtype
         if isinstance(x, dict):
-            out = type(x)((k, walk(v, _join(key, k))) for k, v in x.items())
-            meta = getattr(x, "_metadata", None)
+            kind = collections.OrderedDict if isinstance(x, collections.OrderedDict) else dict
+            out = kind((k, walk(v, _join(key, k))) for k, v in dict.items(x))
+            meta = vars(x).get("_metadata") if hasattr(x, "__dict__") else None
             if meta is not None:
                 out._metadata = walk(meta, _join(key, "_metadata"))
             return out
@@ -474,8 +237,12 @@ def _convert(obj: Any, path: Path, big_endian: bool) -> Any:
 
     try:
         return walk(obj, "")
+    except CheckpointError:
+        raise
     except RecursionError:
         raise CorruptCheckpointError(f"'{path}' nests containers too deeply") from None
+    except Exception as e:  # a hostile pickle can make odd objects out of allowed pieces
+        raise CorruptCheckpointError(f"'{path}' holds malformed data: {e}") from None
 
 
 def _join(prefix: str, key: Any) -> str:

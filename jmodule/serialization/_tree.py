@@ -91,6 +91,12 @@ def flatten(obj: Any) -> tuple[dict, list[Leaf]]:
                 return container(x, path)
             finally:
                 active.discard(id(x))
+        if isinstance(x, jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"cannot save '{path or '<root>'}': it is a meta array (shape and dtype, no "
+                "data). Allocate it first, e.g. model.to_empty(device='cpu') and "
+                "reset_parameters()."
+            )
         raise TypeError(
             f"cannot save '{path or '<root>'}' of type {type(x).__name__}: jm.save stores "
             f"{SUPPORTED}. Convert it to one of these first (for example a dataclass with "

@@ -6,4 +6,13 @@ such function documents what it returns instead. One file per family of
 layers; each defines ``__all__`` and is re-exported here.
 """
 
+from jmodule.nn.functional._activation import *  # noqa: F403
+from jmodule.nn.functional._attention import *  # noqa: F403
 from jmodule.nn.functional._basic import *  # noqa: F403
+from jmodule.nn.functional._conv import *  # noqa: F403
+from jmodule.nn.functional._loss import *  # noqa: F403
+from jmodule.nn.functional._misc import *  # noqa: F403
+from jmodule.nn.functional._normalization import *  # noqa: F403
+from jmodule.nn.functional._pooling import *  # noqa: F403
+from jmodule.nn.functional._rnn import *  # noqa: F403
+from jmodule.nn.functional._sparse import *  # noqa: F403

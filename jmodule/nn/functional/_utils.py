@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +50,56 @@ def shape_str(shape: Any) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def check_float(x: jax.Array, name: str) -> None:
-    """Raise PyTorch's error for an integer input to a floating-point-only op."""
+def check_float(x: jax.Array, name: str) -> jax.Array:
+    """``x``, or PyTorch's kind of error for an integer input to a floating-point-only op."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
-        raise RuntimeError(f"{name}: expected a floating-point input, got dtype {x.dtype}")
+        raise RuntimeError(
+            f"{name}: expected a floating-point input, got dtype {x.dtype} (PyTorch raises "
+            "too); cast it with .astype(jnp.float32)"
+        )
+    return x
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def jit(*static: str) -> Callable[[Callable], Callable]:
+    """Decorate a functional layer with ``jax.jit``, the named arguments static.
+
+    An eager call then runs as one compiled program per configuration (and
+    input shape) instead of dispatching and compiling each primitive on its
+    own, as ``jax.nn``'s functions do; inside a trace it simply inlines.
+    Lists among the static arguments are frozen to tuples; torch tensors and
+    Parameters among the others become plain arrays.
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        compiled = jax.jit(fn, static_argnames=static)
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            for name, value in bound.arguments.items():
+                if name in static:
+                    bound.arguments[name] = _freeze(value)
+                elif value is not None and not isinstance(value, (jax.Array, np.ndarray)):
+                    bound.arguments[name] = _as_array(value)
+            return compiled(*bound.args, **bound.kwargs)
+
+        return call
+
+    return decorate
+
+
+def _as_array(value: Any) -> Any:
+    from jmodule.nn.parameter import as_array
+
+    if isinstance(value, (bool, int, float, complex)):
+        return value
+    return as_array(value)

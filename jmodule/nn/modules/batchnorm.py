@@ -13,12 +13,14 @@ from jmodule.nn import init
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter
 
-__all__ = ["BatchNorm1d"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
 
-class _BatchNorm(Module):
+class _NormBase(Module):
+    """Parameters, running-statistics buffers and ``repr`` shared by batch and
+    instance normalisation (PyTorch's ``_NormBase``)."""
+
     _version = 2
-    _expected_dims: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -75,6 +77,17 @@ class _BatchNorm(Module):
             if self.bias is not None:
                 init.zeros_(self.bias)
 
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, bias={self.bias is not None}, "
+            f"track_running_stats={self.track_running_stats}"
+        )
+
+
+class _BatchNorm(_NormBase):
+    _expected_dims: tuple[int, ...] = ()
+
     def _check_input_dim(self, input: Any) -> None:
         if input.ndim not in self._expected_dims:
             dims = " or ".join(f"{d}D" for d in self._expected_dims)
@@ -109,13 +122,6 @@ class _BatchNorm(Module):
             self.running_var = var
         return out
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-            f"affine={self.affine}, bias={self.bias is not None}, "
-            f"track_running_stats={self.track_running_stats}"
-        )
-
 
 def _x64() -> bool:
     return jax.config.read("jax_enable_x64")
@@ -143,3 +149,30 @@ class BatchNorm1d(_BatchNorm):
     """
 
     _expected_dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation over ``(N, C, H, W)`` input, as ``torch.nn.BatchNorm2d``.
+
+    Statistics per channel over the batch and both spatial axes; buffers as
+    :class:`BatchNorm1d`.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.BatchNorm2d(3)(jnp.ones((2, 3, 4, 4))).shape
+    (2, 3, 4, 4)
+    """
+
+    _expected_dims = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch normalisation over ``(N, C, D, H, W)`` input, as ``torch.nn.BatchNorm3d``.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.BatchNorm3d(2)(jnp.ones((2, 2, 3, 3, 3))).shape
+    (2, 2, 3, 3, 3)
+    """
+
+    _expected_dims = (5,)

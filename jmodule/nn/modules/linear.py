@@ -1,4 +1,4 @@
-"""``Identity`` and ``Linear``."""
+"""``Identity``, ``Linear`` and ``Bilinear``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jmodule.nn import init
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter
 
-__all__ = ["Identity", "Linear"]
+__all__ = ["Bilinear", "Identity", "Linear"]
 
 
 class Identity(Module):
@@ -84,4 +84,61 @@ class Linear(Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}"
+        )
+
+
+class Bilinear(Module):
+    """``y = x1 @ W @ x2 + b`` per output feature, as ``torch.nn.Bilinear``.
+
+    ``weight`` is ``(out_features, in1_features, in2_features)`` and ``bias``
+    ``(out_features,)``, both drawn from U(-1/sqrt(in1), 1/sqrt(in1)).
+
+    Args:
+        in1_features: size of each first input sample.
+        in2_features: size of each second input sample.
+        out_features: size of each output sample.
+        bias: learn an additive bias.
+        device, dtype: where and how to allocate the parameters.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.Bilinear(2, 3, 4)(jnp.ones((5, 2)), jnp.ones((5, 3))).shape
+    (5, 4)
+    """
+
+    def __init__(
+        self,
+        in1_features: int,
+        in2_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.in1_features = in1_features
+        self.in2_features = in2_features
+        self.out_features = out_features
+        shape = (out_features, in1_features, in2_features)
+        self.weight = Parameter(_factory.empty(shape, dtype, device))
+        if bias:
+            self.bias = Parameter(_factory.empty((out_features,), dtype, device))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draw weight and bias from U(-1/sqrt(in1), 1/sqrt(in1))."""
+        bound = 1 / math.sqrt(self.weight.shape[1])
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input1: Any, input2: Any) -> jax.Array:
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+            f"out_features={self.out_features}, bias={self.bias is not None}"
         )

@@ -1,0 +1,533 @@
+"""Max, average and adaptive pooling, as in ``torch.nn.functional``.
+
+Windows run over the trailing 1, 2 or 3 dimensions of ``(N, C, *spatial)``
+(or unbatched ``(C, *spatial)``) input. Max and average pooling lower to
+``jax.lax.reduce_window``; the gradient of a max goes to the first maximum
+of each window, as PyTorch's does. Indices (``return_indices=True``) are
+flat positions within each input plane, as PyTorch's, with JAX's default
+integer dtype (int32 unless x64 is enabled; PyTorch returns int64).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmodule.nn.functional._utils import check_float, compute_dtype, jit, ntuple, shape_str
+from jmodule.nn.parameter import as_array
+
+__all__ = [
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+]
+
+
+def index_dtype() -> Any:
+    """PyTorch's int64 where JAX allows it (x64 mode), else int32."""
+    return jax.dtypes.canonicalize_dtype(jnp.int64)
+
+
+def _batched(x: jax.Array, nd: int, name: str) -> tuple[jax.Array, bool]:
+    if x.ndim == nd + 2:
+        return x, True
+    if x.ndim == nd + 1:
+        return x[None], False
+    raise RuntimeError(
+        f"{name}: expected a {nd + 1}D (unbatched) or {nd + 2}D (batched) input, got input "
+        f"of size {shape_str(x.shape)}"
+    )
+
+
+def _ints(value: Any, nd: int, what: str, name: str) -> tuple[int, ...]:
+    out = ntuple(value, nd)
+    if len(out) == 1 and nd > 1:
+        out = out * nd
+    if len(out) != nd:
+        raise RuntimeError(f"{name}: {what} must either be a single int, or a tuple of {nd} ints")
+    return tuple(int(v) for v in out)
+
+
+class _Windows:
+    """Window geometry of one pooling call (static Python ints)."""
+
+    def __init__(
+        self,
+        nd: int,
+        name: str,
+        sizes: tuple,
+        kernel_size: Any,
+        stride: Any,
+        padding: Any,
+        dilation: Any,
+        ceil_mode: bool,
+    ) -> None:
+        self.k = _ints(kernel_size, nd, "kernel_size", name)
+        self.s = self.k if stride is None or stride == [] else _ints(stride, nd, "stride", name)
+        self.p = _ints(padding, nd, "padding", name)
+        self.d = _ints(dilation, nd, "dilation", name)
+        self.out = []
+        self.pads = []
+        for n, k, s, p, d in zip(sizes, self.k, self.s, self.p, self.d):
+            eff = d * (k - 1) + 1
+            if p > eff // 2:
+                raise RuntimeError(
+                    f"{name}: pad should be at most half of effective kernel size, but got "
+                    f"pad={p}, kernel_size={k} and dilation={d}"
+                )
+            span = n + 2 * p - eff
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            if ceil_mode and (o - 1) * s >= n + p:
+                o -= 1  # the last window must start inside the input or left padding
+            self.out.append(o)
+            needed = (o - 1) * s + eff
+            self.pads.append((p, max(needed - n - p, p)))
+        if any(o < 1 for o in self.out):
+            raise RuntimeError(
+                f"{name}: given input size: ({'x'.join(map(str, sizes))}). Calculated output "
+                f"size: ({'x'.join(map(str, self.out))}). Output size is too small"
+            )
+
+    def reduce(self, operands: Any, init: Any, fn: Any) -> Any:
+        """``reduce_window`` over the spatial axes, cropped to the output size."""
+        out = jax.lax.reduce_window(
+            operands,
+            init,
+            fn,
+            (1, 1, *self.k),
+            (1, 1, *self.s),
+            [(0, 0), (0, 0), *self.pads],
+            window_dilation=(1, 1, *self.d),
+        )
+        crop = (slice(None), slice(None), *tuple(slice(0, o) for o in self.out))
+        return jax.tree.map(lambda a: a[crop], out)
+
+
+def _lowest(dtype: Any) -> Any:
+    if jnp.issubdtype(dtype, jnp.floating):
+        return np.array(-np.inf, dtype)
+    return np.array(jnp.iinfo(dtype).min, dtype)
+
+
+def _argmax_reducer(a: tuple, b: tuple) -> tuple:
+    (av, ai), (bv, bi) = a, b
+    a_nan, b_nan = av != av, bv != bv
+    take_b = (b_nan & ~a_nan) | ((bv > av) & ~a_nan) | (((bv == av) | (a_nan & b_nan)) & (bi < ai))
+    return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+
+@jit("nd", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+def _max_pool(
+    nd: int,
+    input: Any,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    ceil_mode: bool,
+    return_indices: bool,
+) -> Any:
+    name = f"max_pool{nd}d"
+    x, batched = _batched(as_array(input), nd, name)
+    win = _Windows(nd, name, x.shape[2:], kernel_size, stride, padding, dilation, ceil_mode)
+    if any(d != 1 for d in win.d):
+        # JAX cannot differentiate a dilated reduce_window max: gather the windows.
+        result = _gather_max(x, _dilated_tables(win, x.shape[2:]), return_indices)
+    else:
+        result = _reduce_max(x, win, return_indices)
+    if batched:
+        return result
+    return tuple(r[0] for r in result) if return_indices else result[0]
+
+
+def _reduce_max(x: jax.Array, win: _Windows, return_indices: bool) -> Any:
+    low = _lowest(x.dtype)
+    out = win.reduce(x, low, jax.lax.max)
+    if not return_indices:
+        return out
+    spatial = x.shape[2:]
+    positions = jnp.arange(math.prod(spatial), dtype=index_dtype()).reshape(spatial)
+    positions = jnp.broadcast_to(positions, x.shape)
+    big = np.array(jnp.iinfo(positions.dtype).max, positions.dtype)
+    _, idx = win.reduce((jax.lax.stop_gradient(x), positions), (low, big), _argmax_reducer)
+    return out, idx
+
+
+def _avg_divisor(win: _Windows, sizes: tuple, count_include_pad: bool) -> np.ndarray:
+    """Per-output window sizes, PyTorch's way: clipped to the padded input
+    (``count_include_pad``) or to the input itself."""
+    divisor = np.ones((), np.float64)
+    for n, k, s, p, o in zip(sizes, win.k, win.s, win.p, win.out):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, n + p)
+        if count_include_pad:
+            count = end - start
+        else:
+            count = np.minimum(end, n) - np.maximum(start, 0)
+        divisor = np.multiply.outer(divisor, count)
+    return divisor
+
+
+@jit("nd", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+def _avg_pool(
+    nd: int,
+    input: Any,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: Any,
+) -> jax.Array:
+    name = f"avg_pool{nd}d"
+    x, batched = _batched(check_float(as_array(input), name), nd, name)
+    win = _Windows(nd, name, x.shape[2:], kernel_size, stride, padding, 1, ceil_mode)
+    compute = compute_dtype(x.dtype)
+    total = win.reduce(x.astype(compute), np.array(0, compute), jax.lax.add)
+    if divisor_override is not None:
+        if divisor_override == 0:
+            raise RuntimeError(f"{name}: divisor must be not zero")
+        out = total / divisor_override
+    else:
+        divisor = _avg_divisor(win, x.shape[2:], count_include_pad)
+        out = total / jnp.asarray(divisor, compute)
+    out = out.astype(x.dtype)
+    return out if batched else out[0]
+
+
+def max_pool1d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """1-D max pooling over ``(N, C, L)`` or ``(C, L)`` input.
+
+    Args:
+        input: the input.
+        kernel_size: window size.
+        stride: window step (default ``kernel_size``).
+        padding: implicit ``-inf`` padding on both sides (at most half the window).
+        dilation: spacing between window elements.
+        ceil_mode: round the output size up (windows starting in the right
+            padding are dropped, as PyTorch).
+        return_indices: also return the flat input position of each maximum.
+
+    Returns:
+        The pooled array, or ``(pooled, indices)``.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.max_pool1d(jnp.array([[1.0, 3.0, 2.0, 5.0]]), 2)
+    Array([[3., 5.]], dtype=float32)
+    """
+    return _max_pool(1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool2d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """2-D max pooling over ``(N, C, H, W)`` input (arguments as :func:`max_pool1d`).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.max_pool2d(jnp.ones((1, 1, 5, 5)), 3, stride=2, padding=1).shape
+    (1, 1, 3, 3)
+    """
+    return _max_pool(2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool3d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """3-D max pooling over ``(N, C, D, H, W)`` input (arguments as :func:`max_pool1d`).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.max_pool3d(jnp.ones((1, 1, 4, 4, 4)), 2).shape
+    (1, 1, 2, 2, 2)
+    """
+    return _max_pool(3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def avg_pool1d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> jax.Array:
+    """1-D average pooling over ``(N, C, L)`` or ``(C, L)`` input.
+
+    Args:
+        input: the input.
+        kernel_size: window size.
+        stride: window step (default ``kernel_size``).
+        padding: implicit zero padding on both sides (at most half the window).
+        ceil_mode: round the output size up.
+        count_include_pad: count padding zeros in the divisor.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.avg_pool1d(jnp.array([[1.0, 3.0, 2.0, 6.0]]), 2)
+    Array([[2., 4.]], dtype=float32)
+    """
+    return _avg_pool(1, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+def avg_pool2d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> jax.Array:
+    """2-D average pooling (arguments as :func:`avg_pool1d`).
+
+    Args:
+        divisor_override: divide every window sum by this instead.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.avg_pool2d(jnp.ones((1, 1, 4, 4)), 2, divisor_override=1)[0, 0, 0, 0]
+    Array(4., dtype=float32)
+    """
+    return _avg_pool(
+        2, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+def avg_pool3d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> jax.Array:
+    """3-D average pooling (arguments as :func:`avg_pool2d`).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.avg_pool3d(jnp.ones((1, 1, 4, 4, 4)), 2).shape
+    (1, 1, 2, 2, 2)
+    """
+    return _avg_pool(
+        3, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+# ----------------------------------------------------------------------------- adaptive
+
+
+def _adaptive_sizes(output_size: Any, x: jax.Array, nd: int, name: str) -> tuple[int, ...]:
+    sizes = ntuple(output_size, nd)
+    if len(sizes) != nd:
+        raise RuntimeError(f"{name}: output_size must be {nd} (got {output_size!r})")
+    out = tuple(x.shape[2 + i] if s is None else int(s) for i, s in enumerate(sizes))
+    if any(s < 0 for s in out):
+        raise RuntimeError(f"{name}: output_size must be non-negative (got {output_size!r})")
+    return out
+
+
+def _adaptive_input(input: Any, nd: int, name: str) -> tuple[jax.Array, bool]:
+    x = as_array(input)
+    if x.ndim not in (nd + 1, nd + 2) or any(s == 0 for s in x.shape[-nd:]):
+        raise RuntimeError(
+            f"{name}(): Expected {nd + 1}D or {nd + 2}D tensor with non-zero spatial sizes, "
+            f"but got {shape_str(x.shape)}"
+        )
+    return (x, True) if x.ndim == nd + 2 else (x[None], False)
+
+
+def adaptive_windows(n: int, o: int) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's adaptive windows of ``n`` inputs for ``o`` outputs: an
+    ``(o, max_width)`` index table (clamped) and its validity mask."""
+    i = np.arange(o)
+    start = (i * n) // o
+    end = ((i + 1) * n + o - 1) // o
+    width = int((end - start).max()) if o else 1
+    idx = start[:, None] + np.arange(width)[None, :]
+    valid = idx < end[:, None]
+    return np.minimum(idx, n - 1), valid
+
+
+@jit("nd", "output_size")
+def _adaptive_avg(nd: int, input: Any, output_size: Any) -> jax.Array:
+    name = f"adaptive_avg_pool{nd}d"
+    x, batched = _adaptive_input(check_float(as_array(input), name), nd, name)
+    outs = _adaptive_sizes(output_size, x, nd, name)
+    compute = compute_dtype(x.dtype)
+    y = x.astype(compute)
+    count = np.ones((), np.float64)
+    for i, o in enumerate(outs):
+        axis = 2 + i
+        n = y.shape[axis]
+        if o and n % o == 0:  # equal windows: a reshape
+            y = y.reshape((*y.shape[:axis], o, n // o, *y.shape[axis + 1 :])).sum(axis + 1)
+            count = np.multiply.outer(count, np.full(o, n // o))
+            continue
+        idx, valid = adaptive_windows(n, o)
+        gathered = jnp.take(y, jnp.asarray(idx.reshape(-1)), axis=axis)
+        gathered = gathered.reshape(y.shape[:axis] + idx.shape + y.shape[axis + 1 :])
+        mask = jnp.asarray(valid.reshape(valid.shape + (1,) * (y.ndim - axis - 1)), compute)
+        y = (gathered * mask).sum(axis + 1)
+        count = np.multiply.outer(count, valid.sum(1))
+    out = (y / jnp.asarray(count, compute)).astype(x.dtype)
+    return out if batched else out[0]
+
+
+def _gather_max(
+    x: jax.Array, tables: list[tuple[np.ndarray, np.ndarray]], return_indices: bool
+) -> Any:
+    """Max over arbitrary windows of batched ``x``: one ``(out, width)`` index
+    table and validity mask per spatial axis. One gather of every window,
+    then an argmax, so the gradient reaches only the first maximum, as
+    PyTorch's."""
+    nd = len(tables)
+    spatial = x.shape[2:]
+    outs = tuple(idx.shape[0] for idx, _ in tables)
+    flat = np.zeros((1,) * (2 * nd), np.int64)
+    valid = np.ones((1,) * (2 * nd), bool)
+    step = 1
+    for i in reversed(range(nd)):
+        idx, ok = tables[i]
+        shape = [1] * (2 * nd)
+        shape[i], shape[nd + i] = idx.shape
+        flat = flat + np.clip(idx, 0, spatial[i] - 1).reshape(shape) * step
+        valid = valid & ok.reshape(shape)
+        step *= spatial[i]
+    n_out, width = math.prod(outs), math.prod(flat.shape[nd:])
+    flat = np.broadcast_to(flat, outs + flat.shape[nd:]).reshape(n_out, width)
+    valid = np.broadcast_to(valid, outs + valid.shape[nd:]).reshape(n_out, width)
+    planes = x.reshape((*x.shape[:2], -1))
+    windows = jnp.take(planes, jnp.asarray(flat.reshape(-1)), axis=2)
+    windows = windows.reshape((*x.shape[:2], n_out, width))
+    windows = jnp.where(jnp.asarray(valid), windows, _lowest(x.dtype))
+    arg = jnp.argmax(windows, axis=-1, keepdims=True)
+    out = jnp.take_along_axis(windows, arg, axis=-1)[..., 0].reshape(x.shape[:2] + outs)
+    if not return_indices:
+        return out
+    positions = jnp.asarray(flat, index_dtype())
+    idx = jnp.take_along_axis(positions[None, None], arg, axis=-1)
+    return out, idx[..., 0].reshape(x.shape[:2] + outs)
+
+
+def _dilated_tables(win: _Windows, sizes: tuple) -> list[tuple[np.ndarray, np.ndarray]]:
+    tables = []
+    for n, k, s, p, d, o in zip(sizes, win.k, win.s, win.p, win.d, win.out):
+        pos = (np.arange(o) * s - p)[:, None] + np.arange(k)[None, :] * d
+        tables.append((pos, (pos >= 0) & (pos < n)))
+    return tables
+
+
+@jit("nd", "output_size", "return_indices")
+def _adaptive_max(nd: int, input: Any, output_size: Any, return_indices: bool) -> Any:
+    name = f"adaptive_max_pool{nd}d"
+    x, batched = _adaptive_input(input, nd, name)
+    outs = _adaptive_sizes(output_size, x, nd, name)
+    tables = [adaptive_windows(n, o) for n, o in zip(x.shape[2:], outs)]
+    result = _gather_max(x, tables, return_indices)
+    if batched:
+        return result
+    return tuple(r[0] for r in result) if return_indices else result[0]
+
+
+def adaptive_avg_pool1d(input: Any, output_size: Any) -> jax.Array:
+    """Average pooling to a fixed output length, PyTorch's windows.
+
+    Output ``i`` averages inputs ``floor(i * L / out)`` to ``ceil((i + 1) * L / out)``.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.adaptive_avg_pool1d(jnp.array([[1.0, 2.0, 3.0]]), 2)
+    Array([[1.5, 2.5]], dtype=float32)
+    """
+    return _adaptive_avg(1, input, output_size)
+
+
+def adaptive_avg_pool2d(input: Any, output_size: Any) -> jax.Array:
+    """2-D adaptive average pooling; ``output_size`` entries may be None (keep size).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.adaptive_avg_pool2d(jnp.ones((1, 2, 5, 7)), (1, None)).shape
+    (1, 2, 1, 7)
+    """
+    return _adaptive_avg(2, input, output_size)
+
+
+def adaptive_avg_pool3d(input: Any, output_size: Any) -> jax.Array:
+    """3-D adaptive average pooling.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.adaptive_avg_pool3d(jnp.ones((1, 2, 3, 4, 5)), 1).shape
+    (1, 2, 1, 1, 1)
+    """
+    return _adaptive_avg(3, input, output_size)
+
+
+def adaptive_max_pool1d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    """Max pooling to a fixed output length (windows as :func:`adaptive_avg_pool1d`).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.adaptive_max_pool1d(jnp.array([[1.0, 4.0, 3.0]]), 2)
+    Array([[4., 4.]], dtype=float32)
+    """
+    return _adaptive_max(1, input, output_size, return_indices)
+
+
+def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    """2-D adaptive max pooling.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.adaptive_max_pool2d(jnp.ones((1, 2, 5, 7)), 2).shape
+    (1, 2, 2, 2)
+    """
+    return _adaptive_max(2, input, output_size, return_indices)
+
+
+def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    """3-D adaptive max pooling.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.adaptive_max_pool3d(jnp.ones((1, 2, 3, 4, 5)), 1).shape
+    (1, 2, 1, 1, 1)
+    """
+    return _adaptive_max(3, input, output_size, return_indices)

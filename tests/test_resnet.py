@@ -1,0 +1,167 @@
+"""A ResNet-18 (torchvision's architecture, at a quarter of the width) written once
+against an ``nn`` namespace and built from both ``torch.nn`` and ``jm.nn``: the
+PyTorch state_dict loads unchanged, and outputs, running statistics and
+parameter gradients match, eagerly and compiled, in eval and train mode."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import jmodule as jm
+
+WIDTHS = (16, 32, 64, 128)  # torchvision: (64, 128, 256, 512)
+# Float32 through 20 layers with batch-norm over small batches: differences
+# in summation order compound to about 1e-5 relative; gradients (which pass
+# through every batch-norm backward) to a little more.
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def resnet18(nn, num_classes=10):
+    """torchvision's ResNet-18, written once; ``nn`` is ``torch.nn`` or ``jm.nn``."""
+
+    class BasicBlock(nn.Module):
+        def __init__(self, inplanes, planes, stride=1):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.downsample = None
+            if stride != 1 or inplanes != planes:
+                self.downsample = nn.Sequential(
+                    nn.Conv2d(inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes)
+                )
+
+        def forward(self, x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return self.relu(out + identity)
+
+    class ResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, WIDTHS[0], 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(WIDTHS[0])
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            inplanes, layers = WIDTHS[0], []
+            for i, planes in enumerate(WIDTHS):
+                stride = 1 if i == 0 else 2
+                layers.append(
+                    nn.Sequential(BasicBlock(inplanes, planes, stride), BasicBlock(planes, planes))
+                )
+                inplanes = planes
+            self.layer1, self.layer2, self.layer3, self.layer4 = layers
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(WIDTHS[-1], num_classes)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(self.avgpool(x).reshape(x.shape[0], -1))
+
+    return ResNet()
+
+
+def build():
+    """Fresh models, the jmodule one holding PyTorch's initial weights."""
+    torch.manual_seed(0)
+    ref = resnet18(torch.nn)
+    ours = resnet18(jm.nn)
+    result = ours.load_state_dict(ref.state_dict())
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    return ref, ours
+
+
+def _input(seed=0):
+    return np.random.default_rng(seed).standard_normal((4, 3, 32, 32)).astype(np.float32)
+
+
+def test_state_dict_matches():
+    ref, ours = build()
+    want = [(k, tuple(v.shape)) for k, v in ref.state_dict().items()]
+    assert [(k, tuple(v.shape)) for k, v in ours.state_dict().items()] == want
+    assert repr(ours) == repr(ref)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_outputs_and_running_stats_match(compiled):
+    ref, ours = build()
+    if compiled:
+        ours.compile()
+    for training in (True, False):  # train first: the running statistics move
+        ref.train(training)
+        ours.train(training)
+        for seed in range(2):
+            x = _input(seed)
+            with torch.no_grad():
+                want = ref(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(np.asarray(ours(jnp.asarray(x))), want, rtol=RTOL, atol=ATOL)
+    for k, v in ref.state_dict().items():
+        np.testing.assert_allclose(
+            np.asarray(ours.state_dict()[k], np.float64),
+            v.double().numpy(),
+            rtol=RTOL,
+            atol=ATOL,
+            err_msg=k,
+        )
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_parameter_gradients_match(training):
+    ref, ours = build()
+    ref.train(training)
+    ours.train(training)
+    x = _input(0)
+    cot = np.random.default_rng(1).standard_normal((4, 10)).astype(np.float32)
+    ref.zero_grad()
+    (ref(torch.from_numpy(x)) * torch.from_numpy(cot)).sum().backward()
+    params = {k: p.data for k, p in ours.named_parameters()}
+
+    def loss(params):
+        out = jm.func.functional_call(ours, params, (jnp.asarray(x),))
+        return (out * jnp.asarray(cot)).sum()
+
+    grads = jax.jit(jax.grad(loss))(params)
+    for k, p in ref.named_parameters():
+        scale = float(np.abs(p.grad.numpy()).max())
+        np.testing.assert_allclose(
+            np.asarray(grads[k]), p.grad.numpy(), rtol=RTOL, atol=ATOL * max(scale, 1.0), err_msg=k
+        )
+
+
+def test_compiled_training_steps_match():
+    """Two SGD steps of the PyTorch loop under ``jm.compile`` (jm.backward, momentum,
+    batch-norm statistics) leave the same weights and buffers as PyTorch's."""
+    ref, ours = build()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = jm.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    cot = np.random.default_rng(1).standard_normal((4, 10)).astype(np.float32)
+
+    @jm.compile
+    def step(model, opt, x):
+        opt.zero_grad()
+        loss = jm.backward(lambda: (model(x) * jnp.asarray(cot)).sum())
+        opt.step()
+        return loss
+
+    for seed in range(2):
+        x = _input(seed)
+        ref_opt.zero_grad()
+        want = (ref(torch.from_numpy(x)) * torch.from_numpy(cot)).sum()
+        want.backward()
+        ref_opt.step()
+        got = step(ours, opt, jnp.asarray(x))
+        np.testing.assert_allclose(float(got), want.detach().item(), rtol=RTOL, atol=ATOL)
+    for k, v in ref.state_dict().items():
+        np.testing.assert_allclose(
+            np.asarray(ours.state_dict()[k], np.float64),
+            v.double().numpy(),
+            rtol=RTOL,
+            atol=ATOL,
+            err_msg=k,
+        )
