@@ -247,6 +247,10 @@ def test_embedding_errors():
         IndexError, match="index out of range in self: index 10 for an embedding table of 10 rows"
     ):
         emb(jnp.array([1, 10]))
+    # Compiled code cannot raise on values: out-of-range rows come out NaN, not clamped.
+    emb.compile()
+    rows = np.asarray(emb(jnp.array([1, 10, -1])))
+    assert np.all(np.isfinite(rows[0])) and np.all(np.isnan(rows[1:]))
     with pytest.raises(RuntimeError, match="expected integer indices"):
         emb(jnp.array([1.0]))
     with pytest.raises(ValueError, match="Padding_idx must be within num_embeddings"):

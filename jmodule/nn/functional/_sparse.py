@@ -5,7 +5,8 @@ Differences from PyTorch, forced by JAX:
 * Gradients are dense arrays (``sparse=True`` is accepted and changes
   nothing numerically).
 * Out-of-range indices raise ``IndexError`` when the indices are concrete
-  (eager calls); inside compiled code they cannot be checked and are clamped.
+  (eager calls); inside compiled code they cannot be checked, and their
+  rows come out as NaN (JAX's gather would otherwise clamp them silently).
 * ``max_norm`` re-normalises the looked-up rows of a :class:`Parameter`
   weight in place, as PyTorch does; a plain ``jax.Array`` weight cannot
   change, so only the output uses the re-normalised rows.
@@ -70,6 +71,12 @@ def _renorm(weight: Any, idx: jax.Array, max_norm: float, norm_type: float) -> j
     return w + jax.lax.stop_gradient(renormed - w)
 
 
+def _rows(w: jax.Array, idx: jax.Array) -> jax.Array:
+    """``w[idx]``, with NaN rows for indices outside the table (negative ones included)."""
+    idx = jnp.where(idx < 0, w.shape[0], idx)
+    return jnp.take(w, idx, axis=0, mode="fill")
+
+
 def _freq_scaled(rows: jax.Array, idx: jax.Array, num: int) -> jax.Array:
     """Same values; gradients divided by each index's count in the batch."""
     counts = jnp.zeros(num, rows.dtype).at[idx.reshape(-1)].add(1)[idx]
@@ -104,7 +111,8 @@ def embedding(
 
     Raises:
         RuntimeError: non-integer indices.
-        IndexError: an index outside the table (checked on concrete indices).
+        IndexError: an index outside the table (checked on concrete indices;
+            inside compiled code such rows come out as NaN).
 
     >>> import jax.numpy as jnp
     >>> import jmodule.nn.functional as F
@@ -120,7 +128,7 @@ def embedding(
     pad = _padding_idx(padding_idx, w.shape[0])
     if max_norm is not None:
         w = _renorm(weight, idx, max_norm, norm_type)
-    rows = jnp.take(w, idx, axis=0)
+    rows = _rows(w, idx)
     if pad is not None:
         keep = (idx != pad)[..., None]
         rows = jnp.where(keep, rows, jax.lax.stop_gradient(rows))
@@ -182,7 +190,7 @@ def _bag_reduce(
 ) -> jax.Array:
     flat, bag, bags = _bags(idx, offsets, include_last_offset)
     compute = jnp.promote_types(w.dtype, jnp.float32)
-    rows = jnp.take(w, flat, axis=0).astype(compute)
+    rows = _rows(w, flat).astype(compute)
     if scale_grad_by_freq:
         rows = _freq_scaled(rows, flat, w.shape[0])
     if per_sample_weights is not None:
