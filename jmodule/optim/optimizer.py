@@ -589,12 +589,18 @@ class TorchOptimizer(Optimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must define _structure(group): the static options of a "
+            "param group (a subclass of TorchOptimizer, such as SGD or Adam, does)"
+        )
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must define _transformation(cfg, hp, state): the optax "
+            "chain of one parameter (a subclass of TorchOptimizer, such as SGD or Adam, does)"
+        )
 
     def _derive_hidden(self, cfg: dict[str, Any], public: dict[str, Any], hidden: dict) -> None:
         """Set optax leaves PyTorch does not save, after loading ``public`` from a state dict."""
