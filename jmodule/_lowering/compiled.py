@@ -186,6 +186,8 @@ class Program:
         self.grad_unread: dict[Any, frozenset[int]] = {}
         #: ``(key, donated indices, jitted)`` of the last donating call.
         self.last_donating: tuple | None = None
+        #: ``(key, jitted, donated slots, kept slots)``: the per-call fast path.
+        self.fast: tuple | None = None
         self._replay: dict[Any, tuple[Any, Any]] = {}
         self.num_traces = 0
         self.reasons: list[str] = []
@@ -238,7 +240,7 @@ class Program:
 
     def _pure_donating(
         self, key: Any, idx: tuple, donated: list, kept: list, args: tuple, kwargs: dict
-    ) -> tuple[Any, Changed]:
+    ) -> tuple[Changed, Any]:
         """``_pure`` for a donating program, running the user's Python once per trace.
 
         The Python function is staged to a jaxpr first; if the program would
@@ -262,7 +264,18 @@ class Program:
                 raise _Redonate(shapes[1].indices)
         closed, out_tree = recorded
         flat = jaxpr_as_fun(closed)(*leaves)
-        return jax.tree_util.tree_unflatten(out_tree, flat)
+        out, changed = jax.tree_util.tree_unflatten(out_tree, flat)
+        # jax pairs each donated input with the first unclaimed output of the
+        # same shape and dtype, in order. Put the donated slots' new values
+        # first, in the order they were donated, so every buffer is reused for
+        # its own slot; otherwise (e.g. an Adam moment landing in a ``.grad``
+        # output of the same shape) XLA inserts a copy of each moved buffer.
+        order = {i: n for n, i in enumerate(changed.indices)}
+        first = [i for i in idx if i in order]
+        placed = set(first)
+        rest = [i for i in changed.indices if i not in placed]
+        indices = tuple(first + rest)
+        return Changed(indices, tuple(changed.values[order[i]] for i in indices)), out
 
     def _note_trace(self, key: Any, vals: Sequence[Any], args: Any, kwargs: Any) -> None:
         state_sig = {
@@ -335,6 +348,7 @@ class Program:
         slots.append((_random.default_generator.__dict__, "_key"))
         names.append(_RNG_NAME)
         self.objects = objects
+        self.fast = None
         self.slots = tuple(slots)
         self.names = tuple(names)
         self.named_modules = tuple(named_modules)
@@ -374,6 +388,11 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
     reports which slots it really writes, and the program is made again
     donating exactly those (one Python trace more, one XLA compile).
     """
+    fast = program.fast
+    if fast is not None and fast[0] is key:
+        out = _call_fast(program, fast, args, kwargs)
+        if out is not _SLOW:
+            return out
     slots = program.slots
     vals = _read_state(program, key)
     last = program.last_donating
@@ -393,15 +412,55 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
         for i in idx:
             kept[i] = None
         try:
-            out, changed = jitted([vals[i] for i in idx], kept, args, kwargs)
+            changed, out = jitted([vals[i] for i in idx], kept, args, kwargs)
         except _Redonate as redo:
             wanted = redo.changed
             continue
         for i, v in zip(changed.indices, changed.values):
             c, k = slots[i]
             c[k] = v
+        skip = set(idx) | program.grad_unread.get(key, frozenset())
+        program.fast = (
+            key,
+            jitted,
+            [slots[i] for i in idx],
+            [_NO_VALUE if i in skip else slot for i, slot in enumerate(slots)],
+        )
         return out
     raise RuntimeError("jm.compile: could not settle which state buffers to donate")
+
+
+#: A slot that always reads None: a donated or unread position of the kept list.
+_NO_VALUE: Slot = ({"value": None}, "value")
+_NONE_ID = id(None)
+_SLOW = object()
+
+
+def _call_fast(program: Program, fast: tuple, args: tuple, kwargs: dict) -> Any:
+    """The per-call path of a settled donating program: read, call, write back.
+
+    Falls back (returns ``_SLOW``) when a donated slot holds None or an array
+    that another slot also holds, or when a new trace would donate otherwise.
+    """
+    _, jitted, donated_slots, kept_slots = fast
+    donated = [c[k] for c, k in donated_slots]
+    kept = [c[k] for c, k in kept_slots]
+    ids = set(map(id, donated))
+    if len(ids) != len(donated) or _NONE_ID in ids or not ids.isdisjoint(map(id, kept)):
+        return _SLOW
+    traces = program.num_traces
+    try:
+        changed, out = jitted(donated, kept, args, kwargs)
+    except _Redonate:
+        program.fast = None
+        return _SLOW
+    if program.num_traces != traces:
+        program.fast = None  # a new trace may have learned of more unread gradients
+    slots = program.slots
+    for i, v in zip(changed.indices, changed.values):
+        c, k = slots[i]
+        c[k] = v
+    return out
 
 
 def _unique_buffers(idx: tuple[int, ...], vals: list) -> tuple[int, ...]:
@@ -488,12 +547,18 @@ class CompiledFunction:
         self.fn = fn
         self.donate = donate
         self._last: tuple | None = None
+        #: Where each stateful object stood in this call's arguments (None: as _ObjectRef).
+        self._positions: tuple[int, ...] | None = None
         self._epoch = -1
         self.program = Program(
             self._run, name=getattr(fn, "__qualname__", repr(fn)), jit_options=jit_options
         )
 
     def _run(self, objects: Sequence[Any], args: tuple, kwargs: dict) -> Any:
+        positions = self._positions
+        if positions is not None:  # the per-call form: objects were passed as None
+            args = tuple(a if i < 0 else objects[i] for i, a in zip(positions, args))
+            return self.fn(*args, **kwargs)
         args, kwargs = jax.tree_util.tree_map(
             lambda x: objects[x.index] if type(x) is _ObjectRef else x,
             (args, kwargs),
@@ -511,32 +576,41 @@ class CompiledFunction:
         """
         objects: list[Any] = []
         if not kwargs:
-            flat = []
+            # Objects become None in the arguments jax sees (no Python pytree node
+            # to flatten on every call); where they stood is part of the key.
+            flat: list[Any] = []
+            where: list[int] = []
             for a in args:
                 if type(a) is _ArrayImpl:
                     flat.append(a)
+                    where.append(-1)
                 elif _is_stateful(a):
+                    flat.append(None)
                     for i, o in enumerate(objects):
                         if o is a:
-                            flat.append(_ObjectRef(i))
+                            where.append(i)
                             break
                     else:
-                        flat.append(_ObjectRef(len(objects)))
+                        where.append(len(objects))
                         objects.append(a)
                 else:
                     break
             else:
+                positions = tuple(where)
+                self._positions = positions
                 descs = [o._jm_describe() for o in objects]
                 last = self._last
                 if (
                     last is not None
+                    and last[3] == positions
                     and len(descs) == len(last[0])
                     and all(a is b for a, b in zip(descs, last[0]))
                     and all(a is b for a, b in zip(objects, self.program.objects))
                 ):
                     return last[1], last[2], (tuple(flat), {})
-                return self._describe(objects, descs, (tuple(flat), {}))
+                return self._describe(objects, descs, (tuple(flat), {}), positions)
             objects = []
+        self._positions = None
         index: dict[int, int] = {}
 
         def leaf(x: Any) -> Any:
@@ -550,16 +624,18 @@ class CompiledFunction:
         tree = jax.tree_util.tree_map(
             leaf, (args, kwargs), is_leaf=lambda x: _is_stateful(x) or _is_param(x)
         )
-        return self._describe(objects, [o._jm_describe() for o in objects], tree)
+        return self._describe(objects, [o._jm_describe() for o in objects], tree, None)
 
-    def _describe(self, objects: list[Any], descs: list[Any], tree: tuple) -> tuple:
+    def _describe(
+        self, objects: list[Any], descs: list[Any], tree: tuple, positions: tuple | None
+    ) -> tuple:
         from jmodule.nn.modules import _hooks
 
-        key = (tuple(d.key for d in descs), _hooks.global_hook_key())
+        key = (tuple(d.key for d in descs), _hooks.global_hook_key(), positions)
         self.program.set_state(tuple(objects), descs, with_grads=True)
         _check_not_meta(self.program.slots, self.program.names)
         infos = _merge_infos(descs)
-        self._last = (tuple(descs), key, infos)
+        self._last = (tuple(descs), key, infos, positions)
         return key, infos, tree
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -25,6 +25,7 @@ recompiles.
 from __future__ import annotations
 
 import functools
+import operator
 import types
 import warnings
 from collections import defaultdict
@@ -38,6 +39,7 @@ import optax
 
 from jmodule._lowering import binding, structure
 from jmodule.nn.parameter import Parameter, as_array
+from jmodule.optim._packed import Bucket, PackedState, packable
 
 __all__ = ["Optimizer", "ParamsT", "TorchOptimizer"]
 
@@ -146,6 +148,10 @@ class Optimizer:
         self._version = 0
         self._desc_sig: Any = None
         self._desc: structure.Description | None = None
+        #: ``(version, [(option values, number of params) per group])`` of the last describe.
+        self._options_seen: tuple | None = None
+        #: Bumped when packed members' step counts part ways (see ``_packed.Bucket``).
+        self._parted = 0
         self._opt_called = False
         self._init_storage()
         if isinstance(params, (jax.Array, Parameter)):
@@ -336,10 +342,24 @@ class Optimizer:
 
     def _jm_describe(self) -> structure.Description:
         """Structure key and state slots, for ``jm.compile`` (cached; cheap per call)."""
-        sig = (self._version, self._structure_key())
+        snap = self._options_seen
+        if (
+            snap is not None
+            and snap[0] == (self._version, self._parted)
+            and len(snap[1]) == len(self.param_groups)
+        ):
+            # The per-call path: every option is the very object seen last time.
+            for g, (items, n) in zip(self.param_groups, snap[1]):
+                if len(g["params"]) != n or len(g) != len(items):
+                    break
+                if not all(map(operator.is_, items, g.values())):
+                    break
+            else:
+                return self._desc  # type: ignore[return-value]
+        sig = (self._version, self._structure_key(), self._parted)
         if sig != self._desc_sig:
             self._prepare_all()
-            sig = (self._version, self._structure_key())
+            sig = (self._version, self._structure_key(), self._parted)
             slots: list = []
             names: list[str] = []
             index = 0
@@ -353,16 +373,29 @@ class Optimizer:
                     slots.append((self._hp, str(i)))
                     names.append(f"param_groups[{i}].hyper")
             state_slots, state_names = self._state_slots()
-            key = ("jm.optim", type(self).__qualname__, self._tx, sig[1])
+            key = ("jm.optim", type(self).__qualname__, self._tx, sig[1], self._layout_key())
             self._desc = structure.stateful(key, slots + state_slots, names + state_names)
             self._desc_sig = sig
         elif self._hyper:
             for i, group in enumerate(self.param_groups):
                 self._refresh_hyper(str(i), group)
+        self._options_seen = (
+            (self._version, self._parted),
+            [
+                (tuple(v for v in g.values()), len(g["params"]))
+                if not any(isinstance(v, (list, dict, set)) and k != "params" for k, v in g.items())
+                else ((object(),), -1)  # a mutable option: check it fully every call
+                for g in self.param_groups
+            ],
+        )
         return self._desc
 
     def _structure_key(self) -> tuple:
         return tuple(len(g["params"]) for g in self.param_groups)
+
+    def _layout_key(self) -> tuple:
+        """What else the compiled update depends on (the packed layout, for TorchOptimizer)."""
+        return ()
 
     # ------------------------------------------------------------------ state dicts
 
@@ -611,6 +644,11 @@ class TorchOptimizer(Optimizer):
         #: Per parameter: (structure, public dict (= state[p] once live), hidden dict).
         self._records: dict[Parameter, tuple[tuple, dict[str, Any], dict[str, Any]]] = {}
         self._layouts: dict[tuple, tuple[Any, tuple[tuple[bool, str], ...]]] = {}
+        #: Small parameters whose state is packed (see ``_packed.py``): buckets per
+        #: group index, and each packed parameter's ``(bucket, position)``.
+        self._buckets: dict[int, list[Bucket]] = {}
+        self._packed: dict[Parameter, tuple[Bucket, int]] = {}
+        self._organized: Any = None
 
     def _layout(self, cfg: tuple, value: Any) -> tuple[Any, tuple[tuple[bool, str], ...], Any]:
         """Treedef, leaf naming and a fresh optax state for a parameter under ``cfg``."""
@@ -658,37 +696,118 @@ class TorchOptimizer(Optimizer):
         self._version += 1
         return rec
 
-    def _materialize(self, p: Parameter, public: dict[str, Any]) -> None:
+    def _materialize(self, p: Parameter, public: Any) -> None:
         """Make ``p``'s state visible in ``state`` (PyTorch keeps none for plain SGD)."""
         if public and self.state.get(p) is not public:
             self.state[p] = public
 
     def _prepare_all(self) -> None:
+        self._organize()
+
+    def _organize(self) -> None:
+        """Lay the state out for the current groups and options: records and packed buckets.
+
+        Runs when the groups, their options or the loaded state changed (a
+        version and structure check otherwise): buckets are unpacked into
+        per-parameter records, records are made or updated for every
+        parameter, and the small ones are packed again.
+        """
+        sig = (self._version, self._structure_key())
+        if sig == self._organized:
+            return
+        for buckets in self._buckets.values():
+            for bucket in buckets:
+                self._dissolve(bucket)
+        self._buckets.clear()
+        self._packed.clear()
         for group in self.param_groups:
             for p in group["params"]:
                 self._record(group, p)
+        for i, group in enumerate(self.param_groups):
+            self._buckets[i] = self._pack_group(group)
+        self._version += 1
+        self._organized = (self._version, self._structure_key())
+
+    def _dissolve(self, bucket: Bucket) -> None:
+        for p, (public, hidden) in zip(bucket.params, bucket.unpack()):
+            self._records[p] = (bucket.cfg, public, hidden)
+            if p in self.state:
+                self.state[p] = public
+
+    def _pack_group(self, group: dict[str, Any]) -> list[Bucket]:
+        """Pack the group's small same-device, same-dtype parameters (two or more) together."""
+        cfg = self._structure(group)
+        together: dict[tuple, list[Parameter]] = {}
+        for p in group["params"]:
+            where = packable(p.__dict__["_value"])
+            if where is not None and p not in self._packed:
+                together.setdefault(where, []).append(p)
+        buckets = []
+        for members in together.values():
+            if len(members) < 2:
+                continue
+            _, layout, leaves = self._layout(cfg, members[0].__dict__["_value"])
+            if not layout:
+                return []  # no state (plain SGD): nothing to pack
+            shape = tuple(members[0].shape)
+            if any(leaf.shape not in ((), shape) for leaf in leaves):
+                return []  # a state entry that is not elementwise: keep per-parameter state
+            per_param = frozenset(n for (_, n), leaf in zip(layout, leaves) if leaf.shape == ())
+            records = [self._records[p][1:] for p in members]
+            bucket = Bucket(
+                cfg, members, layout, per_param, records, list(records[0][0]), self._part
+            )
+            for j, p in enumerate(members):
+                del self._records[p]
+                self._packed[p] = (bucket, j)
+                if p in self.state:
+                    self.state[p] = PackedState(bucket, j)
+            buckets.append(bucket)
+        return buckets
 
     def _structure_key(self) -> tuple:
         return tuple((self._structure(g), len(g["params"])) for g in self.param_groups)
 
+    def _layout_key(self) -> tuple:
+        return tuple(
+            (i, b.shapes, b.uniform) for i, buckets in self._buckets.items() for b in buckets
+        )
+
+    def _part(self) -> None:
+        self._parted += 1
+
     def _state_slots(self) -> tuple[list, list[str]]:
         slots, names = [], []
         index = 0
-        for group in self.param_groups:
+        for i, group in enumerate(self.param_groups):
             for p in group["params"]:
-                _, public, hidden = self._records[p]
-                for kind, store in (("", public), ("~", hidden)):
-                    for k in store:
-                        slots.append((store, k))
-                        names.append(f"state[{index}].{kind}{k}")
+                if p not in self._packed:
+                    _, public, hidden = self._records[p]
+                    for kind, store in (("", public), ("~", hidden)):
+                        for k in store:
+                            slots.append((store, k))
+                            names.append(f"state[{index}].{kind}{k}")
                 index += 1
+            for b, bucket in enumerate(self._buckets.get(i, ())):
+                for pub, k in bucket.layout:
+                    slots.append((bucket.store, k))
+                    names.append(f"param_groups[{i}].packed[{b}].{'' if pub else '~'}{k}")
         return slots, names
 
     def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
         for p in params:  # the lr must come in as an input, not be baked in
             self._check_bound(self._hp, p.__dict__["_value"])
             self._check_bound(self._hp, p.grad)
+        self._organize()
         hp = self._hyper_array(i, group)
+        stepping = {id(p) for p in params}
+        for bucket in self._buckets.get(i, ()):
+            mask = tuple(id(p) in stepping for p in bucket.params)
+            if any(mask):
+                self._step_bucket(hp, bucket, mask)
+        params = [p for p in params if p not in self._packed]
+        if not params:
+            return
         records = [self._record(group, p) for p in params]
         cfg = records[0][0]
         treedef, layout = self._layouts[cfg]
@@ -727,9 +846,102 @@ class TorchOptimizer(Optimizer):
             rec[2].update(hid)
             self._materialize(p, rec[1])
 
+    def _step_bucket(self, hp: Any, bucket: Bucket, mask: tuple[bool, ...]) -> None:
+        """One step of the bucket's members whose ``mask`` entry is set (those with a grad).
+
+        The group's optax chain runs once over the members' concatenated
+        parameters and gradients: the same elementwise arithmetic as one
+        chain per parameter. While every member has taken the same number of
+        steps (``bucket.uniform``) the per-parameter counts are one scalar;
+        otherwise each count is repeated over its parameter's elements.
+        Members without a gradient keep their values and state, as PyTorch
+        skips them.
+        """
+        members = bucket.params
+        for p in members:
+            value = p.__dict__["_value"]
+            self._check_bound(bucket.store, value)
+            if tuple(value.shape) != bucket.shapes[bucket.index[id(p)]]:
+                self._organized = None  # lay the state out again on the next call
+                raise RuntimeError(
+                    f"a parameter of shape {bucket.shapes[bucket.index[id(p)]]} now has shape "
+                    f"{tuple(value.shape)}; the optimizer lays its state out again on the next "
+                    "step (call it again)"
+                )
+        cfg = bucket.cfg
+        treedef, layout = self._layouts[cfg]
+        names = [n for n, _, _ in self._hyper]
+        every = all(mask)
+        uniform = bucket.uniform and every
+
+        def make() -> Callable:
+            elem_mask = np.repeat(np.asarray(mask), bucket.sizes)
+            param_mask = np.asarray(mask)
+            starts = np.asarray(bucket.starts)
+            count = len(members)
+
+            def update(hp_arr, values, grads, store):
+                hyper = {n: hp_arr[j] for j, n in enumerate(names)}
+                flat_v = bucket.flat(values)
+                flat_g = bucket.flat(
+                    [
+                        jnp.zeros(v.shape, v.dtype) if g is None else g.astype(v.dtype)
+                        for v, g in zip(values, grads)
+                    ]
+                )
+                leaves = []
+                for _, n in layout:
+                    leaf = store[n]
+                    if n in bucket.per_param:
+                        leaf = leaf[0] if uniform else bucket.expand(leaf)
+                    leaves.append(leaf)
+                public = {n: leaf for (pub, n), leaf in zip(layout, leaves) if pub}
+                tx = self._transformation(dict(cfg), hyper, public)
+                updates, new_state = tx.update(flat_g, treedef.unflatten(leaves), flat_v)
+                new_store = {}
+                for (_, n), new in zip(layout, jax.tree_util.tree_leaves(new_state)):
+                    old = store[n]
+                    if n in bucket.per_param:
+                        new = jnp.broadcast_to(new, (count,)) if uniform else new[starts]
+                        keep = param_mask
+                    else:
+                        keep = elem_mask
+                    new = new.astype(old.dtype)
+                    new_store[n] = new if every else jnp.where(keep, new, old)
+                new_values = [
+                    optax.apply_updates(v, u)
+                    for v, u, m in zip(values, bucket.split(updates), mask)
+                    if m
+                ]
+                return new_values, new_store
+
+            return update
+
+        values = [p.__dict__["_value"] for p in members]
+        grads = [p.grad if m else None for p, m in zip(members, mask)]
+        fn = self._jit(("bucket", bucket.signature(), mask, uniform), make)
+        new_values, new_store = fn(hp, values, grads, bucket.store)
+        stepped = [p for p, m in zip(members, mask) if m]
+        for p, v in zip(stepped, new_values):
+            p.__dict__["_value"] = v
+        bucket.store.update(new_store)
+        for p in stepped:
+            if p not in self.state:
+                self.state[p] = PackedState(bucket, bucket.index[id(p)])
+        if not every and bucket.per_param and bucket.uniform:
+            bucket.uniform = False  # the counts part ways: later programs repeat them
+            self._part()
+
     def _packed_state(self, index: dict[int, int]) -> dict[str, Any]:
+        unpacked: dict[int, dict[str, Any]] = {}
+        for buckets in self._buckets.values():
+            for bucket in buckets:
+                if any(p in self.state for p in bucket.params):
+                    for p, (public, _) in zip(bucket.params, bucket.unpack()):
+                        unpacked[id(p)] = public
         state = {}
         for p, public in self.state.items():
+            public = unpacked.get(id(p), public)
             state[index[id(p)]] = {
                 k: (v.astype(jnp.float32) if k == "step" else v) for k, v in public.items()
             }
@@ -778,6 +990,9 @@ class TorchOptimizer(Optimizer):
         def apply() -> None:
             self.state.clear()
             self._records.clear()
+            self._buckets.clear()
+            self._packed.clear()
+            self._organized = None
             for p, rec in loaded:
                 self._records[p] = rec
                 self.state[p] = rec[1]
