@@ -16,7 +16,8 @@ import torch
 
 import jmodule as jm
 from jmodule import optim
-from jmodule.optim._packed import PACK_MAX_ELEMENTS, PackedState
+from jmodule.optim import PackedState
+from jmodule.optim._packed import PACK_MAX_ELEMENTS
 
 CASES = [
     ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.3}),
@@ -191,7 +192,7 @@ def test_packed_state_dicts_interchange_with_torch(name, kwargs):
 
 
 def test_options_changed_between_steps_repack_and_follow_torch():
-    """Momentum switched on mid-run: plain SGD keeps no state, then every parameter gets a buffer."""
+    """Momentum switched on mid-run: plain SGD keeps no state, then each parameter gets a buffer."""
     tp, topt, jp, jopt = _setup("SGD", {"lr": 0.1})
     rng = np.random.default_rng(8)
     for k, skip in enumerate(SKIPS):
