@@ -172,7 +172,7 @@ class device:
         devices = []
         for platform in _PLATFORMS[self.type]:
             try:
-                devices = jax.devices(platform)
+                devices = jax.local_devices(backend=platform)  # this process's, as in PyTorch
             except RuntimeError:
                 continue
             if devices:

@@ -271,6 +271,26 @@ def test_compiled_sharded_step_matches_one_device(layout, mesh8, mesh2x4):
     assert jm.compile_stats(step).num_traces == traces
 
 
+@pytest.mark.parametrize("layout", ["data_parallel", "fsdp"])
+def test_compiled_sharded_step_moves_no_state_between_devices(layout, mesh8):
+    """Every input of a settled step already lives where the program wants it
+    (the optimizer's hyper-parameters included), so a call copies nothing."""
+    model = classifier()
+    if layout == "data_parallel":
+        model.to(dist.replicated(mesh8))
+    else:
+        dist.shard(model, mesh8, dist.fsdp(mesh8))
+    opt = jm.optim.Adam(model.parameters(), lr=1e-2)
+    sched = jm.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    xs, ys = dist.shard_batch(batch(), mesh8)
+    _, step = run_steps(model, opt, xs, ys, steps=2)
+    sched.step()  # a new learning rate is a new hyper-parameter array
+    with jax.transfer_guard_device_to_device("disallow"):
+        for _ in range(2):
+            step(model, opt, xs, ys)
+            sched.step()
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -429,6 +449,59 @@ def test_to_empty_with_rules_then_reset_parameters_fills_shards_in_place(mesh8, 
         full = math.prod(shape) * 4
         assert stats.output_size_in_bytes == full // 8
         assert stats.output_size_in_bytes + stats.temp_size_in_bytes < full
+
+
+@pytest.mark.parametrize("spec", [P(), P("data")], ids=["replicated", "split"])
+def test_to_empty_with_one_sharding_then_reset_parameters_on_shards(spec, mesh8):
+    where = NamedSharding(mesh8, spec)
+
+    def build():  # BatchNorm's scalar count fits only a replicated spec
+        norm = [nn.BatchNorm1d(8)] if spec == P() else [nn.LayerNorm(8)]
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), *norm)
+
+    jm.manual_seed(5)
+    with jm.device("meta"):
+        model = build()
+    assert model.to_empty(device=where) is model
+    for name, v in model.state_dict().items():
+        assert v.sharding == where, name
+        assert not np.asarray(v).any(), name
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    jm.manual_seed(5)
+    ref = values(build())
+    for name, v in model.state_dict().items():
+        assert v.sharding == where, name
+        np.testing.assert_array_equal(np.asarray(v), ref[name], err_msg=name)
+    arrays = [p.data for p in model.parameters()]
+    share = 1 if spec == P() else 8
+    assert set(per_device_bytes(arrays).values()) == {sum(a.nbytes for a in arrays) // share}
+
+
+def test_one_sharding_that_cannot_hold_an_array_names_it_and_moves_nothing(mesh8):
+    where = NamedSharding(mesh8, P("data"))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4), nn.BatchNorm1d(4))
+    before = {k: v.sharding for k, v in model.state_dict().items()}
+    with pytest.raises(dist.ShardingRuleError) as info:
+        model.to(where)
+    msg = str(info.value)
+    state = model.state_dict()
+    misfits = {k for k, v in state.items() if v.ndim == 0 or v.shape[0] % 8}
+    assert f"cannot place {len(misfits)} array(s) of Sequential with P('data',) on the mesh " in msg
+    for name, v in state.items():
+        assert (f"'{name}' of shape {v.shape}: " in msg) == (name in misfits), name
+    assert (
+        "'1.weight' of shape (4, 16): dimension 0 (size 4) is not divisible by 8, the number "
+        "of devices along mesh axis 'data'"
+    ) in msg
+    assert "'2.num_batches_tracked' of shape (): the spec has 1 entries but the array has 0" in msg
+    assert {k: v.sharding for k, v in model.state_dict().items()} == before
+    with jm.device("meta"):
+        meta = nn.Linear(8, 4)
+    with pytest.raises(dist.ShardingRuleError, match=r"'weight' of shape \(4, 8\): dimension 0"):
+        meta.to_empty(device=where)
+    assert jm.is_meta(meta.weight)
 
 
 def test_to_empty_rule_errors_allocate_nothing(mesh8):

@@ -168,7 +168,7 @@ def test_two_processes_agree_with_one(tmp_path):
     got = [np.load(tmp_path / f"{rank}.npz") for rank in range(2)]
 
     x, y = batch()
-    for layout in ("dp", "fsdp"):
+    for layout in ("dp", "fsdp", "meta"):
         jm.manual_seed(0)
         ref = classifier()
         losses, _ = run_steps(ref, jm.optim.Adam(ref.parameters(), lr=1e-2), x, y)

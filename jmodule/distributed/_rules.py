@@ -27,7 +27,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jmodule._lowering import binding
 
-__all__ = ["Rules", "ShardingRuleError", "Spec", "allocate", "put", "shard", "shardings"]
+__all__ = [
+    "Rules",
+    "ShardingRuleError",
+    "Spec",
+    "allocate",
+    "check_fits",
+    "put",
+    "shard",
+    "shardings",
+]
 
 Spec: TypeAlias = PartitionSpec | Callable[[str, tuple[int, ...]], PartitionSpec | None]
 Rules: TypeAlias = Mapping[str, Spec] | Sequence[tuple[str, Spec]]
@@ -266,14 +275,75 @@ def put(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     """``jax.device_put(value, sharding)``, also onto a mesh spanning several processes.
 
     Across processes JAX cannot move an array that lives on one of this
-    process's devices onto devices of other processes; as in any SPMD
-    program, every process holds the same full value here (models are built
-    the same way everywhere), so each process places its own shards of it.
+    process's devices onto devices of other processes (``jax.device_put``
+    refuses a committed one, and checks an uncommitted one against every
+    other process's copy with a collective). As in any SPMD program, every
+    process holds the same full value here (models are built the same way
+    everywhere), so each process places its own shards of it
+    (``jax.make_array_from_callback``). An array already spread over
+    several processes is resharded by ``jax.device_put``.
+
+    Args:
+        value: a ``jax.Array`` or numpy array, the same in every process.
+        sharding: where it goes.
+
+    Returns:
+        The placed ``jax.Array``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> put(jnp.arange(4.0), jax.sharding.SingleDeviceSharding(jax.devices()[0])).shape
+    (4,)
     """
-    if sharding.is_fully_addressable or not isinstance(value, jax.Array):
+    if sharding.is_fully_addressable or not isinstance(value, (jax.Array, np.ndarray)):
+        return jax.device_put(value, sharding)
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
         return jax.device_put(value, sharding)
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def check_fits(module: Any, sharding: Any, recurse: bool = True) -> None:
+    """Check that one ``NamedSharding`` can hold every parameter and buffer of ``module``.
+
+    ``Module.to(sharding)`` and ``to_empty(device=sharding)`` give every array
+    the same sharding; this finds, before anything moves, each array it cannot
+    hold (a dimension the mesh axes do not divide, a scalar under a
+    non-empty spec) and reports them all. Other shardings pass unchecked.
+
+    Args:
+        module: the model whose parameters and buffers would all get ``sharding``.
+        sharding: the one sharding for all of them.
+        recurse: include submodules' arrays.
+
+    Raises:
+        ShardingRuleError: naming each array, its shape and the problem.
+
+    >>> import jmodule as jm
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jm.distributed.make_mesh({"data": 1})
+    >>> check_fits(jm.nn.BatchNorm1d(4), NamedSharding(mesh, P("data")))
+    Traceback (most recent call last):
+    ...
+    jmodule.distributed._rules.ShardingRuleError: cannot place 1 array(s) of BatchNorm1d with P('data',) on the mesh {'data': 1}:
+      'num_batches_tracked' of shape (): the spec has 1 entries but the array has 0 dimension(s)
+    Give such arrays their own spec with jm.distributed.shard(module, mesh, rules) (e.g. P() for scalars), or use a mesh whose axis sizes divide these dimensions.
+    """  # noqa: E501
+    if not (isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh)):
+        return
+    problems = []
+    for name, container, key, _ in _entries(module, "", recurse):
+        shape = tuple(container[key].shape)
+        problem = spec_problem(sharding.spec, shape, sharding.mesh)
+        if problem:
+            problems.append(f"  '{name}' of shape {shape}: {problem}")
+    if problems:
+        axes = ", ".join(f"'{a}': {n}" for a, n in sharding.mesh.shape.items())
+        raise ShardingRuleError(
+            f"cannot place {len(problems)} array(s) of {type(module).__name__} with "
+            f"{sharding.spec!r} on the mesh {{{axes}}}:\n" + "\n".join(problems) + "\nGive such "
+            "arrays their own spec with jm.distributed.shard(module, mesh, rules) (e.g. P() for "
+            "scalars), or use a mesh whose axis sizes divide these dimensions."
+        )
 
 
 def _abstract(value: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:

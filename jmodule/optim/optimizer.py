@@ -94,6 +94,28 @@ def _names_backward(fn: Any, depth: int = 0) -> bool:
     return scan(code)
 
 
+def _replicated_like(host: np.ndarray, ref: Any) -> jax.Array:
+    """``host`` on every device ``ref`` (a parameter's value) spans, so a step never moves it.
+
+    A hyper-parameter array on one device would be copied to every device of
+    a sharded model on each call of a compiled step.
+    """
+    sharding = getattr(ref, "sharding", None)
+    if isinstance(ref, jax.core.Tracer) or sharding is None:
+        return jnp.asarray(host)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        target: jax.sharding.Sharding = jax.sharding.NamedSharding(
+            sharding.mesh, jax.sharding.PartitionSpec()
+        )
+    elif len(sharding.device_set) == 1:
+        target = jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
+    else:
+        return jnp.asarray(host)
+    from jmodule.distributed._rules import put
+
+    return put(host, target)
+
+
 class Optimizer:
     """PyTorch's optimizer interface over an optax transformation.
 
@@ -326,7 +348,9 @@ class Optimizer:
         floats = self._hyper_floats(group)
         if self._hp_floats.get(key) != floats:
             self._hp_floats[key] = floats
-            self._hp[key] = jnp.asarray(np.asarray(floats, dtype=np.float32))
+            self._hp[key] = _replicated_like(
+                np.asarray(floats, dtype=np.float32), group["params"][0].__dict__["_value"]
+            )
 
     def _check_bound(self, container: dict, value: Any) -> None:
         if isinstance(value, jax.core.Tracer) and not binding.is_bound(container):

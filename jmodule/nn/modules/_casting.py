@@ -2,7 +2,9 @@
 
 Every parameter keeps its identity (optimizers holding it stay valid): only
 its value is replaced. Placement is ``jax.device_put`` onto a ``jax.Device``
-or ``jax.sharding.Sharding``; casts are ``astype``.
+or ``jax.sharding.Sharding`` (onto a mesh spanning several processes, each
+process places its own shards: ``jmodule.distributed._rules.put``); casts are
+``astype``.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ def _move(value: Any, place: Any) -> Any:
             "allocate the module's parameters on a device, then initialise them (for example "
             "with reset_parameters() or load_state_dict)."
         )
+    if isinstance(place, jax.sharding.Sharding) and not place.is_fully_addressable:
+        from jmodule.distributed import _rules  # a mesh spanning processes
+
+        return _rules.put(value, place)
     return jax.device_put(value, place)
 
 
@@ -138,6 +144,8 @@ class CastingMixin:
         Raises:
             DeviceError: JAX cannot see the device (the message lists those it can).
             DtypeError: a 64-bit dtype while JAX's x64 mode is off.
+            ShardingRuleError: a ``NamedSharding`` that cannot hold some array
+                (each is listed; nothing moves).
 
         >>> import jmodule as jm
         >>> m = jm.nn.Linear(2, 2).to(jm.bfloat16)
@@ -145,6 +153,10 @@ class CastingMixin:
         dtype(bfloat16)
         """
         place, dtype, _ = _parse_to(args, dict(kwargs))
+        if isinstance(place, jax.sharding.NamedSharding):
+            from jmodule.distributed import _rules  # imports nn: resolve at call time
+
+            _rules.check_fits(self, place)  # every array it cannot hold, before any moves
 
         def convert(value: Any) -> Any:
             if dtype is not None and _floating_or_complex(value.dtype):
@@ -223,7 +235,8 @@ class CastingMixin:
         ``reset_parameters()`` fills the shards in place.
 
         Raises:
-            ShardingRuleError: a rule cannot apply (see ``jm.distributed.shard``).
+            ShardingRuleError: a rule cannot apply (see ``jm.distributed.shard``),
+                or a ``NamedSharding`` cannot hold some array.
 
         >>> import jmodule as jm
         >>> with jm.device("meta"):
@@ -240,6 +253,10 @@ class CastingMixin:
 
             return _rules.allocate(self, device[0], device[1], recurse)
         place = _device.resolve(device)
+        if isinstance(place, jax.sharding.NamedSharding):
+            from jmodule.distributed import _rules
+
+            _rules.check_fits(self, place, recurse)
         if isinstance(place, _device.device):
             return self._apply(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), recurse)
         return self._apply(lambda v: jnp.zeros(v.shape, v.dtype, device=place), recurse)
