@@ -16,6 +16,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
+def _value(title: str, value: float) -> str:
+    if title.startswith("memory"):
+        return f"{value:,.0f} B"
+    if value >= 10_000:
+        return f"{value / 1000:,.1f} ms"
+    return f"{value:,.1f} us"
+
+
+def _ratio(r: float) -> str:
+    return f"{r:.3f}" if r < 1 else f"{r:.2f}"
+
+
 def render() -> str:
     lines = []
     for path in sorted(RESULTS.glob("*.json")):
@@ -23,15 +35,15 @@ def render() -> str:
         meta = data["meta"]
         lines.append(
             f"From `benchmarks/{path.stem}.py` (JAX {meta['jax']}, {meta['platform']}, "
-            f"{meta['cores']} cores); ratio to the plain-JAX floor, lower is better:\n"
+            f"{meta['cores']} cores); each table's first row is its reference "
+            "(the plain-JAX floor where there is one), lower is better:\n"
         )
         for title, table in data["tables"].items():
             floor = next(iter(table.values()))
-            lines.append(f"| {title} | time or bytes | x floor |")
+            lines.append(f"| {title} | measured | x first row |")
             lines.append("| --- | ---: | ---: |")
             for name, value in table.items():
-                unit = "B" if title.startswith("memory") else "us"
-                lines.append(f"| {name} | {value:,.1f} {unit} | {value / floor:.2f} |")
+                lines.append(f"| {name} | {_value(title, value)} | {_ratio(value / floor)} |")
             lines.append("")
     return "\n".join(lines)
 
