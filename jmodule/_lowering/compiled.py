@@ -216,39 +216,56 @@ class Program:
         if self._infos is not None:
             self._pending_reason = structure.structural_change(self._infos, infos)
 
-    def donating(self, key: Any, infos: dict, idx: tuple[int, ...]) -> Callable:
-        """A ``jax.jit`` for ``key`` that donates the state slots at ``idx``.
+    def donating(
+        self, key: Any, infos: dict, idx: tuple[int, ...], keep: tuple[int, ...]
+    ) -> Callable:
+        """A ``jax.jit`` for ``key`` that donates the state slots at ``idx`` and reads ``keep``.
 
         A traced program that would donate a slot it does not write back
         raises :class:`_Redonate` before anything runs, so the caller can
         retry with the slots it does write back.
         """
         made = self.donating_entries.get(key)
-        if made is not None and made[0] == idx:
+        if made is not None and made[0] == idx and made[1] == keep:
             self._infos = infos
-            return made[1]
+            return made[2]
         if made is None:
             self._note_structure(infos)
         fn = jax.jit(
-            functools.partial(self._pure_donating, key, idx),
+            functools.partial(self._pure_donating, key, idx, keep),
             donate_argnums=(0,),
             **self.jit_options,
         )
-        self.donating_entries[key] = (idx, fn)
+        self.donating_entries[key] = (idx, keep, fn)
         self._infos = infos
         return fn
 
     def _pure_donating(
-        self, key: Any, idx: tuple, donated: list, kept: list, args: tuple, kwargs: dict
+        self,
+        key: Any,
+        idx: tuple,
+        keep: tuple,
+        donated: list,
+        kept: list,
+        args: tuple,
+        kwargs: dict | None = None,
     ) -> tuple[Changed, Any]:
         """``_pure`` for a donating program, running the user's Python once per trace.
+
+        Only the slots at ``idx`` (donated) and ``keep`` come in; every other
+        slot reads None (a ``.grad`` the program overwrites unread).
+        ``kwargs`` is left out by calls whose arguments are all arrays and
+        stateful objects (the per-call form: fewer pytree nodes to flatten).
 
         The Python function is staged to a jaxpr first; if the program would
         donate a slot it does not write back, the jaxpr is kept and
         :class:`_Redonate` raised, and the retry replays the jaxpr instead of
         running the Python (and its side effects) a second time.
         """
-        vals = list(kept)
+        kwargs = {} if kwargs is None else kwargs
+        vals: list[Any] = [None] * len(self.slots)
+        for j, i in enumerate(keep):
+            vals[i] = kept[j]
         for j, i in enumerate(idx):
             vals[i] = donated[j]
         leaves, treedef = jax.tree_util.tree_flatten((vals, args, kwargs))
@@ -299,7 +316,10 @@ class Program:
         for hook in self.on_trace:
             hook(key, vals, args, kwargs, reason)
 
-    def _pure(self, key: Any, vals: list, args: tuple, kwargs: dict) -> tuple[Any, Changed]:
+    def _pure(
+        self, key: Any, vals: list, args: tuple, kwargs: dict | None = None
+    ) -> tuple[Any, Changed]:
+        kwargs = {} if kwargs is None else kwargs
         self._note_trace(key, vals, args, kwargs)
         args, kwargs = unwrap_static((args, kwargs))
         slots = self.slots
@@ -396,42 +416,56 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
     slots = program.slots
     vals = _read_state(program, key)
     last = program.last_donating
-    if last is not None and last[0] is key:  # the per-call path: no hashing
-        wanted, cached = last[1], last[2]
+    if last is not None and last[0] is key:  # no hashing of the key
+        wanted = last[1]
     else:
         made = program.donating_entries.get(key)
-        wanted, cached = (made[0] if made is not None else tuple(range(len(vals)))), None
+        wanted, last = (made[0] if made is not None else tuple(range(len(vals)))), None
+    tail = (args,) if kwargs is None else (args, kwargs)
     for _ in range(3):
         idx = _unique_buffers(tuple(i for i in wanted if vals[i] is not None), vals)
-        if cached is not None and idx == wanted:
-            jitted = cached
+        keep, nones = _kept_slots(program, key, idx, vals)
+        if last is not None and idx == last[1] and keep == last[3]:
+            jitted = last[2]
         else:
-            jitted = program.donating(key, infos, idx)
-        program.last_donating = (key, idx, jitted)
-        kept = list(vals)
-        for i in idx:
-            kept[i] = None
+            jitted = program.donating(key, infos, idx, keep)
+        program.last_donating = (key, idx, jitted, keep)
         try:
-            changed, out = jitted([vals[i] for i in idx], kept, args, kwargs)
+            changed, out = jitted([vals[i] for i in idx], [vals[i] for i in keep], *tail)
         except _Redonate as redo:
             wanted = redo.changed
             continue
         for i, v in zip(changed.indices, changed.values):
             c, k = slots[i]
             c[k] = v
-        skip = set(idx) | program.grad_unread.get(key, frozenset())
-        program.fast = (
-            key,
-            jitted,
-            [slots[i] for i in idx],
-            [_NO_VALUE if i in skip else slot for i, slot in enumerate(slots)],
-        )
+        if kwargs is None:
+            program.fast = (
+                key,
+                jitted,
+                [slots[i] for i in idx],
+                [slots[i] for i in keep],
+                [slots[i] for i in nones],
+            )
         return out
     raise RuntimeError("jm.compile: could not settle which state buffers to donate")
 
 
-#: A slot that always reads None: a donated or unread position of the kept list.
-_NO_VALUE: Slot = ({"value": None}, "value")
+def _kept_slots(
+    program: Program, key: Any, idx: tuple[int, ...], vals: Sequence[Any]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The slots a donating call passes without donating, and those it leaves out as None.
+
+    Passed: every slot but the donated ones, the ``.grad`` slots the program
+    overwrites unread, and the slots holding None (those read None inside,
+    as before; a call where one of them holds a value passes it, which is a
+    new program, as a None becoming an array always is).
+    """
+    skip = set(idx) | program.grad_unread.get(key, frozenset())
+    keep = tuple(i for i in range(len(vals)) if i not in skip and vals[i] is not None)
+    nones = tuple(i for i in range(len(vals)) if i not in skip and vals[i] is None)
+    return keep, nones
+
+
 _NONE_ID = id(None)
 _SLOW = object()
 
@@ -440,9 +474,13 @@ def _call_fast(program: Program, fast: tuple, args: tuple, kwargs: dict) -> Any:
     """The per-call path of a settled donating program: read, call, write back.
 
     Falls back (returns ``_SLOW``) when a donated slot holds None or an array
-    that another slot also holds, or when a new trace would donate otherwise.
+    that another slot also holds, when a slot left out as None now holds a
+    value, or when a new trace would donate otherwise.
     """
-    _, jitted, donated_slots, kept_slots = fast
+    _, jitted, donated_slots, kept_slots, none_slots = fast
+    for c, k in none_slots:
+        if c[k] is not None:
+            return _SLOW
     donated = [c[k] for c, k in donated_slots]
     kept = [c[k] for c, k in kept_slots]
     ids = set(map(id, donated))
@@ -450,7 +488,7 @@ def _call_fast(program: Program, fast: tuple, args: tuple, kwargs: dict) -> Any:
         return _SLOW
     traces = program.num_traces
     try:
-        changed, out = jitted(donated, kept, args, kwargs)
+        changed, out = jitted(donated, kept, args)
     except _Redonate:
         program.fast = None
         return _SLOW
@@ -556,9 +594,9 @@ class CompiledFunction:
 
     def _run(self, objects: Sequence[Any], args: tuple, kwargs: dict) -> Any:
         positions = self._positions
-        if positions is not None:  # the per-call form: objects were passed as None
-            args = tuple(a if i < 0 else objects[i] for i, a in zip(positions, args))
-            return self.fn(*args, **kwargs)
+        if positions is not None:  # the per-call form: only the arrays were passed
+            arrays = iter(args)
+            return self.fn(*(next(arrays) if i < 0 else objects[i] for i in positions))
         args, kwargs = jax.tree_util.tree_map(
             lambda x: objects[x.index] if type(x) is _ObjectRef else x,
             (args, kwargs),
@@ -576,8 +614,8 @@ class CompiledFunction:
         """
         objects: list[Any] = []
         if not kwargs:
-            # Objects become None in the arguments jax sees (no Python pytree node
-            # to flatten on every call); where they stood is part of the key.
+            # Only the arrays go to jax (no Python pytree node to flatten on
+            # every call); where each object stood is part of the key.
             flat: list[Any] = []
             where: list[int] = []
             for a in args:
@@ -585,7 +623,6 @@ class CompiledFunction:
                     flat.append(a)
                     where.append(-1)
                 elif _is_stateful(a):
-                    flat.append(None)
                     for i, o in enumerate(objects):
                         if o is a:
                             where.append(i)
@@ -607,8 +644,8 @@ class CompiledFunction:
                     and all(a is b for a, b in zip(descs, last[0]))
                     and all(a is b for a, b in zip(objects, self.program.objects))
                 ):
-                    return last[1], last[2], (tuple(flat), {})
-                return self._describe(objects, descs, (tuple(flat), {}), positions)
+                    return last[1], last[2], (tuple(flat), None)
+                return self._describe(objects, descs, (tuple(flat), None), positions)
             objects = []
         self._positions = None
         index: dict[int, int] = {}
@@ -668,9 +705,10 @@ class CompiledFunction:
             if made is None:
                 return self.program.jitted(key, infos).lower(vals, a, k)
             idx = _unique_buffers(tuple(i for i in made[0] if vals[i] is not None), vals)
-            kept = [None if i in idx else v for i, v in enumerate(vals)]
-            fn = self.program.donating(key, infos, idx)
-            return fn.lower([vals[i] for i in idx], kept, a, k)
+            keep, _ = _kept_slots(self.program, key, idx, vals)
+            fn = self.program.donating(key, infos, idx, keep)
+            tail = (a,) if k is None else (a, k)
+            return fn.lower([vals[i] for i in idx], [vals[i] for i in keep], *tail)
 
     @property
     def num_traces(self) -> int:
