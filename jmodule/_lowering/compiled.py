@@ -392,9 +392,11 @@ def _read_state(program: Program, key: Any) -> list[Any]:
     return vals
 
 
-def _call(program: Program, jitted: Callable, args: tuple, kwargs: dict) -> Any:
+def _call(program: Program, jitted: Callable, args: tuple, kwargs: dict | None) -> Any:
+    """Run ``jitted`` on the slots and write back what it changed (``kwargs`` None: none given)."""
     slots = program.slots
-    out, changed = jitted([c[k] for c, k in slots], args, kwargs)
+    vals = [c[k] for c, k in slots]
+    out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
     for i, v in zip(changed.indices, changed.values):
         c, k = slots[i]
         c[k] = v
@@ -552,7 +554,8 @@ class CompiledForward:
                 self._refresh()
             if kwargs or not all(type(a) is _ArrayImpl for a in args):
                 args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
-            return _call(self.program, self._jitted, args, kwargs)
+                return _call(self.program, self._jitted, args, kwargs)
+            return _call(self.program, self._jitted, args, None)  # arrays only: no kwargs node
 
 
 def _is_stateful(x: Any) -> bool:
