@@ -189,7 +189,7 @@ def main() -> None:
         steps, memory = contestants(sizes, batch)
         label = "-".join(map(str, sizes))
         title = f"Adam training step, MLP {label}, batch {batch}"
-        tables[title] = report(title, steps, calls, 5)
+        tables[title] = report(title, steps, calls, 7)
         ratio = memory["jmodule"] / memory["floor"]
         print(
             f"argument+temp memory: jmodule {memory['jmodule']:,} B, floor {memory['floor']:,} B "

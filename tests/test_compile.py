@@ -311,6 +311,56 @@ def test_jm_compile_with_two_modules_and_a_stateful_protocol_object():
     assert run.num_traces == 1
 
 
+def test_jm_compile_per_call_path_follows_which_objects_are_passed_where():
+    a, b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    @jm.compile
+    def bump_first(m1, m2, x):
+        m1.bias.data = m1.bias.data + 1.0  # state written goes to whichever came first
+        return m2(m1(x))
+
+    x = jnp.ones((2, 3))
+    ea, eb = copy.deepcopy(a), copy.deepcopy(b)
+    eager = {id(a): ea, id(b): eb}
+    for first, second in [(a, b), (a, b), (b, a), (a, a), (a, b), (b, a), (b, b)]:
+        got = bump_first(first, second, x)
+        e1, e2 = eager[id(first)], eager[id(second)]
+        e1.bias.data = e1.bias.data + 1.0
+        np.testing.assert_allclose(got, e2(e1(x)), rtol=1e-6)
+    for m, e in ((a, ea), (b, eb)):
+        np.testing.assert_allclose(m.bias.data, e.bias.data, rtol=1e-6)
+
+
+def test_jm_compile_sees_a_stateful_object_whose_description_changed():
+    class Bag:
+        def __init__(self):
+            self.state = {"n": jnp.zeros(())}
+            self.version = 0
+            self._desc = None
+
+        def _jm_describe(self):
+            if self._desc is None or self._desc[0] != self.version:
+                slots = [(self.state, k) for k in self.state]
+                self._desc = (self.version, stateful(("Bag", len(slots)), slots, list(self.state)))
+            return self._desc[1]
+
+    bag, lin = Bag(), nn.Linear(2, 2)
+
+    @jm.compile
+    def run(m, bg, x):
+        for k in bg.state:
+            bg.state[k] = bg.state[k] + 1.0
+        return m(x)
+
+    x = jnp.ones((1, 2))
+    run(lin, bag, x)
+    run(lin, bag, x)
+    bag.state["m"] = jnp.zeros(())  # a new entry: the next call must see it
+    bag.version += 1
+    run(lin, bag, x)
+    assert float(bag.state["n"]) == 3.0 and float(bag.state["m"]) == 1.0
+
+
 def test_module_used_by_closure_in_jm_compile_with_buffer_write_is_refused():
     bn = nn.BatchNorm1d(3)
 

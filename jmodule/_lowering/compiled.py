@@ -615,6 +615,26 @@ class CompiledFunction:
         last call (nothing structural changed), the key, infos and slots of
         the last call are reused without hashing or walking anything.
         """
+        last = self._last
+        if not kwargs and last is not None and last[4] is not None and len(args) == len(last[4]):
+            # The same objects at the same places as the last call (arrays elsewhere):
+            # modules cannot have changed within a structure epoch, so only the
+            # other stateful objects (optimizers) are asked again.
+            arrays: list[Any] = []
+            for a, p in zip(args, last[4]):
+                if p is None:
+                    if type(a) is not _ArrayImpl:
+                        break
+                    arrays.append(a)
+                elif a is not p:
+                    break
+            else:
+                for o, d in last[5]:
+                    if o._jm_describe() is not d:
+                        break
+                else:
+                    self._positions = last[3]
+                    return last[1], last[2], (tuple(arrays), None)
         objects: list[Any] = []
         if not kwargs:
             # Only the arrays go to jax (no Python pytree node to flatten on
@@ -675,7 +695,13 @@ class CompiledFunction:
         self.program.set_state(tuple(objects), descs, with_grads=True)
         _check_not_meta(self.program.slots, self.program.names)
         infos = _merge_infos(descs)
-        self._last = (tuple(descs), key, infos, positions)
+        pattern = None
+        if positions is not None:  # what the next call must look like to skip all this
+            pattern = tuple(None if i < 0 else objects[i] for i in positions)
+        recheck = tuple(
+            (o, d) for o, d in zip(objects, descs) if not getattr(o, "_jm_epoch_stable", False)
+        )
+        self._last = (tuple(descs), key, infos, positions, pattern, recheck)
         return key, infos, tree
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -552,6 +552,9 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
 
         return treescope_repr(self, path, subtree_renderer)
 
+    #: ``_jm_describe()`` changes only when the global structure epoch moves.
+    _jm_epoch_stable = True
+
     def _jm_describe(self) -> Any:
         """Structure key and state slots, for compiled programs (cached per epoch)."""
         from jmodule._lowering.structure import describe
