@@ -36,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jmodule.serialization as jms
 from jmodule.checkpoint import CheckpointManager
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dispatch import save_results
+
 
 def make_state(mib: float, arrays: int, seed: int = 0) -> collections.OrderedDict:
     """~``mib`` MiB of float32 in ``arrays`` arrays of varying size, on the default device."""
@@ -138,7 +141,7 @@ def main() -> None:
             ("numpy.save +fsync", lambda: np_save(True), fresh(npdir)),
             ("torch.save", torch_save, fresh(tfile)),
             ("torch.save +fsync", lambda: torch_save(True), fresh(tfile)),
-            ("orbax (no checksums)", orbax_save, fresh(odir)),
+            ("orbax save (no checksums)", orbax_save, fresh(odir)),
             ("jm.save", lambda: jms.save(sd, jdir), fresh(jdir)),
             ("jm.save (overwrite=True)", lambda: jms.save(sd, jdir, overwrite=True), None),
         ]
@@ -159,7 +162,7 @@ def main() -> None:
         [
             ("numpy.load", lambda: [np.load(npdir / f"{i}.npy") for i in range(len(sd))], None),
             ("torch.load", lambda: torch.load(tfile, weights_only=True), None),
-            ("orbax (no checksums)", orbax_load, None),
+            ("orbax restore (no checksums)", orbax_load, None),
             ("jm.load", lambda: jax.block_until_ready(jms.load(jdir)), None),
             (
                 "jm.load verify=False",
@@ -194,7 +197,8 @@ def main() -> None:
     print(f"  save: jm / numpy+fsync  {r['jm.save'] / r['numpy.save +fsync']:5.2f}x")
     print(f"  save: jm / torch        {r['jm.save'] / r['torch.save']:5.2f}x")
     print(f"  save: jm / torch+fsync  {r['jm.save'] / r['torch.save +fsync']:5.2f}x")
-    print(f"  save: jm / orbax        {r['jm.save'] / r['orbax (no checksums)']:5.2f}x")
+    print(f"  save: jm / orbax        {r['jm.save'] / r['orbax save (no checksums)']:5.2f}x")
+    print(f"  load: jm / orbax        {r['jm.load'] / r['orbax restore (no checksums)']:5.2f}x")
     print(f"  load: jm / numpy        {r['jm.load'] / r['numpy.load']:5.2f}x")
     print(f"  load: jm / torch        {r['jm.load'] / r['torch.load']:5.2f}x")
     print(f"  load: jm (no verify) / numpy {r['jm.load verify=False'] / r['numpy.load']:5.2f}x")
@@ -202,6 +206,27 @@ def main() -> None:
     print(f"  async save returns after {100 * fraction:.1f}% of a synchronous save's time")
     print(f"(load average at the end: {os.getloadavg()[0]:.1f})")
     shutil.rmtree(root, ignore_errors=True)
+    size = f"{nbytes / 2**20:.0f} MiB state_dict of {len(sd)} arrays"
+    us = {k: v * 1e6 for k, v in r.items()}
+    pick = lambda *names: {n: us[n] for n in names}
+    save_results(
+        "checkpoint",
+        {
+            f"checkpoint save, {size}": pick(
+                "numpy.save",
+                "numpy.save +fsync",
+                "torch.save",
+                "orbax save (no checksums)",
+                "jm.save",
+            ),
+            f"checkpoint load, {size}": pick(
+                "numpy.load", "torch.load", "orbax restore (no checksums)", "jm.load"
+            ),
+            f"CheckpointManager.save of a {size}, until control returns": pick(
+                "save, async_=False", "save, async_=True (returns)"
+            ),
+        },
+    )
 
 
 if __name__ == "__main__":
