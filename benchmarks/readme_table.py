@@ -28,8 +28,51 @@ def _ratio(r: float) -> str:
     return f"{r:.3f}" if r < 1 else f"{r:.2f}"
 
 
+FRAMEWORKS = (
+    ("jmodule", "jmodule"),
+    ("PyTorch", "pytorch"),
+    ("Flax NNX", "flax"),
+    ("Equinox", "equinox"),
+)
+
+
+def _framework(name: str) -> str | None:
+    lowered = name.lower()
+    for label, marker in FRAMEWORKS:
+        if lowered.startswith(marker):
+            return label
+    return None
+
+
+def compare() -> list[str]:
+    """One row per measured workload, one column per framework: time / the plain-JAX floor.
+
+    Where a framework has several contestants (``nnx.jit`` and
+    ``nnx.cached_partial``), its best is shown.
+    """
+    rows = []
+    for path in sorted(RESULTS.glob("*.json")):
+        for title, table in json.loads(path.read_text())["tables"].items():
+            if title.startswith("memory"):
+                continue
+            floor = next(iter(table.values()))
+            best: dict[str, float] = {}
+            for name, value in table.items():
+                label = _framework(name)
+                if label is not None:
+                    best[label] = min(best.get(label, float("inf")), value / floor)
+            if len(best) >= 3:  # a comparison across frameworks, not a one-framework table
+                cells = [_ratio(best[label]) if label in best else "-" for label, _ in FRAMEWORKS]
+                rows.append(f"| {title} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    head = "| workload (time / plain-JAX floor, lower is better) | "
+    head += " | ".join(label for label, _ in FRAMEWORKS) + " |"
+    return [head, "| --- |" + " ---: |" * len(FRAMEWORKS), *rows, ""]
+
+
 def render() -> str:
-    lines = []
+    lines = compare()
     for path in sorted(RESULTS.glob("*.json")):
         data = json.loads(path.read_text())
         meta = data["meta"]
