@@ -61,6 +61,15 @@ def _assert_same(tp, topt, jp, jopt):
             )
 
 
+def _step_both(tp, topt, jp, jopt, grads):
+    """Give both frameworks the same gradients (None = no gradient) and step."""
+    for t, j, g in zip(tp, jp, grads):
+        t.grad = None if g is None else torch.tensor(g)
+        j.grad = None if g is None else jnp.asarray(g)
+    topt.step()
+    jopt.step()
+
+
 #: Which parameters have no gradient at each step: all step together first (one
 #: count for the bucket), then they part ways, then all step again.
 SKIPS = [set(), set(), {1}, {0, 4}, set(), {3}, set()]
@@ -72,11 +81,7 @@ def test_packed_steps_match_torch_when_parameters_skip_steps(name, kwargs):
     rng = np.random.default_rng(1)
     for skip in SKIPS:
         grads = _grads(rng, skip)
-        for t, j, g in zip(tp, jp, grads):
-            t.grad = None if g is None else torch.tensor(g)
-            j.grad = None if g is None else jnp.asarray(g)
-        topt.step()
-        jopt.step()
+        _step_both(tp, topt, jp, jopt, grads)
         _assert_same(tp, topt, jp, jopt)
     # The four small parameters share packed state; the large one keeps its own.
     assert all(isinstance(jopt.state[p], PackedState) for p in jp[:4])
@@ -108,11 +113,7 @@ def test_packed_state_is_a_live_view_like_torchs_dict():
     tp, topt, jp, jopt = _setup("Adam", {"lr": 0.05})
     rng = np.random.default_rng(4)
     for _ in range(2):
-        grads = _grads(rng, set())
-        for t, j, g in zip(tp, jp, grads):
-            t.grad, j.grad = torch.tensor(g), jnp.asarray(g)
-        topt.step()
-        jopt.step()
+        _step_both(tp, topt, jp, jopt, _grads(rng, set()))
     view = jopt.state[jp[1]]
     assert isinstance(view, PackedState)
     assert list(view) == list(topt.state[tp[1]])
@@ -126,11 +127,7 @@ def test_packed_state_is_a_live_view_like_torchs_dict():
     topt.state[tp[2]]["step"] = torch.tensor(7.0)
     jopt.state[jp[2]]["step"] = 7
     np.testing.assert_array_equal(np.asarray(jopt.state[jp[1]]["exp_avg"]), new)
-    grads = _grads(rng, set())
-    for t, j, g in zip(tp, jp, grads):
-        t.grad, j.grad = torch.tensor(g), jnp.asarray(g)
-    topt.step()
-    jopt.step()
+    _step_both(tp, topt, jp, jopt, _grads(rng, set()))
     _assert_same(tp, topt, jp, jopt)
     with pytest.raises(ValueError, match="parameter's shape"):
         view["exp_avg"] = jnp.zeros(3)
@@ -163,11 +160,7 @@ def test_packed_state_dicts_interchange_with_torch(name, kwargs):
     )
     for skip in SKIPS[4:]:
         grads = _grads(rng, skip)
-        for t, j, g in zip(tp, jp, grads):
-            t.grad = None if g is None else torch.tensor(g)
-            j.grad = None if g is None else jnp.asarray(g)
-        topt.step()
-        jopt.step()
+        _step_both(tp, topt, jp, jopt, grads)
         _assert_same(tp, topt, jp, jopt)
     # And back: jm's state dict loads into a fresh torch optimizer that then agrees.
     tp2 = [torch.nn.Parameter(torch.tensor(np.asarray(j.data))) for j in jp]
@@ -183,11 +176,7 @@ def test_packed_state_dicts_interchange_with_torch(name, kwargs):
         }
     )
     grads = _grads(rng, {2})
-    for t, j, g in zip(tp2, jp, grads):
-        t.grad = None if g is None else torch.tensor(g)
-        j.grad = None if g is None else jnp.asarray(g)
-    topt2.step()
-    jopt.step()
+    _step_both(tp2, topt2, jp, jopt, grads)
     _assert_same(tp2, topt2, jp, jopt)
 
 
@@ -200,10 +189,6 @@ def test_options_changed_between_steps_repack_and_follow_torch():
             for g in (*topt.param_groups, *jopt.param_groups):
                 g["momentum"] = 0.9
         grads = _grads(rng, skip)
-        for t, j, g in zip(tp, jp, grads):
-            t.grad = None if g is None else torch.tensor(g)
-            j.grad = None if g is None else jnp.asarray(g)
-        topt.step()
-        jopt.step()
+        _step_both(tp, topt, jp, jopt, grads)
         _assert_same(tp, topt, jp, jopt)
     assert all(isinstance(jopt.state[p], PackedState) for p in jp[:4])
