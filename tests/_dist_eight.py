@@ -542,6 +542,24 @@ def test_checkpoint_of_sharded_model_round_trips_8_4_1_8_devices(tmp_path):
             jmodule.serialization.save(target.state_dict(), tmp_path / str(n))
 
 
+def test_checkpoint_restores_each_key_onto_its_own_sharding(mesh8, tmp_path):
+    """``map_location={key: sharding}``: listed keys go to their sharding, the rest to
+    the default placement (here a second, replicated sharding given in a tuple)."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    jmodule.serialization.save(model.state_dict(), tmp_path / "c")
+    rows, cols = NamedSharding(mesh8, P("data")), NamedSharding(mesh8, P(None, "data"))
+    rest = NamedSharding(mesh8, P())
+    state = jmodule.serialization.load(
+        tmp_path / "c", map_location=(rest, {"0.weight": rows, "2.weight": cols})
+    )
+    assert state["0.weight"].sharding == rows and state["2.weight"].sharding == cols
+    assert state["0.bias"].sharding == rest and state["2.bias"].sharding == rest
+    for name, v in model.state_dict().items():
+        np.testing.assert_array_equal(np.asarray(state[name]), np.asarray(v), err_msg=name)
+    with pytest.raises(ValueError, match=r"cannot hold '0\.bias' of shape \(16,\)"):
+        jmodule.serialization.load(tmp_path / "c", map_location={"0.bias": cols})
+
+
 def test_checkpoint_with_optimizer_state_restores_onto_another_mesh(mesh8, tmp_path):
     mesh4 = dist.make_mesh(devices=jax.devices()[:4])
     model = dist.shard(nn.Linear(8, 16), mesh8, dist.fsdp(mesh8))

@@ -415,3 +415,43 @@ def test_a_directory_is_loadable_only_once_complete(tmp_path):
     (path / _metafile.NAME).unlink()  # as if the last write never happened
     with pytest.raises(jms.CorruptCheckpointError, match="not a complete jmodule checkpoint"):
         jms.load(path)
+
+
+def _per_key_files(tmp_path):
+    """The same state in jm's format, safetensors and a PyTorch file."""
+    import torch
+
+    sd = {
+        "fc.weight": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "fc.bias": np.ones(2, np.float32),
+        "steps": np.arange(3, dtype=np.int32),
+    }
+    jms.save({k: jnp.asarray(v) for k, v in sd.items()}, tmp_path / "ckpt")
+    jms.save({k: jnp.asarray(v) for k, v in sd.items()}, tmp_path / "w.safetensors")
+    torch.save({k: torch.from_numpy(v) for k, v in sd.items()}, tmp_path / "w.pt")
+    return sd, [tmp_path / "ckpt", tmp_path / "w.safetensors", tmp_path / "w.pt"]
+
+
+def test_map_location_dict_places_some_keys_on_their_own(tmp_path):
+    sd, paths = _per_key_files(tmp_path)
+    for path in paths:
+        got = jms.load(path, map_location={"fc.weight": jnp.bfloat16})
+        assert got["fc.weight"].dtype == jnp.bfloat16, path
+        assert got["fc.bias"].dtype == jnp.float32 and got["steps"].dtype == jnp.int32
+        for k, v in sd.items():
+            np.testing.assert_array_equal(np.asarray(got[k], np.float32), v.astype(np.float32))
+        # a default for the rest, and the dict for the exceptions
+        got = jms.load(path, map_location=(jnp.float16, {"fc.bias": jnp.bfloat16}))
+        assert got["fc.weight"].dtype == jnp.float16 and got["fc.bias"].dtype == jnp.bfloat16
+        assert got["steps"].dtype == jnp.int32  # integers keep their dtype
+
+
+def test_map_location_dict_names_keys_the_file_lacks(tmp_path):
+    _, paths = _per_key_files(tmp_path)
+    for path in paths:
+        with pytest.raises(ValueError, match=r"'fc\.wieght' \(did you mean 'fc\.weight'\?\)"):
+            jms.load(path, map_location={"fc.wieght": jnp.bfloat16})
+        with pytest.raises(ValueError, match="remapping"):
+            jms.load(path, map_location={"cuda:1": "cpu"})
+        with pytest.raises(TypeError, match="callable or 'meta'"):
+            jms.load(path, map_location={"fc.weight": "meta"})

@@ -152,7 +152,10 @@ def test_map_location(tmp_path):
     out = jms.load(path, map_location=torch.device("cpu"))
     assert out["w"].devices() == {jax.devices("cpu")[0]}
     assert jms.load(path, map_location=torch.float16)["w"].dtype == jnp.float16
-    with pytest.raises(TypeError, match="does not take a dict"):
+    # A dict places keys of its own; PyTorch's device remapping is refused with advice.
+    out = jms.load(path, map_location={"w": torch.float16})
+    assert out["w"].dtype == jnp.float16 and out["i"].dtype == jnp.int32
+    with pytest.raises(ValueError, match=r"'cuda:0'.*device-to-device remapping"):
         jms.load(path, map_location={"cuda:0": "cpu"})
 
 

@@ -117,9 +117,12 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
             sharding and dtype), ``"meta"`` (``jax.ShapeDtypeStruct`` only,
             nothing read), or a callable ``fn(array, key) -> array`` (``key``
             is the dotted path, e.g. ``"model.fc.weight"``); ``torch.device``
-            and ``torch.dtype`` objects work too. Default: the device of the
-            enclosing ``with jm.device(...)`` block (not ``"meta"``), else
-            JAX's default device.
+            and ``torch.dtype`` objects work too. A dict ``{key: placement}``
+            gives some keys their own device, sharding, dtype or pair (e.g.
+            ``{"fc.weight": NamedSharding(mesh, P("model"))}``; with a tuple,
+            ``(default, {key: placement})``); a key the file lacks raises.
+            Default: the device of the enclosing ``with jm.device(...)``
+            block (not ``"meta"``), else JAX's default device.
         verify: check checksums (jm's checkpoints and jm-written safetensors).
             Verification reads arrays back to host memory: free on the CPU,
             one device-to-host copy on accelerators.

@@ -281,6 +281,7 @@ def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True)
     src = _source(final)
     body = _metafile.read(src)
     entries = _entries(body, src)
+    place.check_keys((e.key for e in entries), src)
     if place.meta:
         arrays = [
             place.finish(

@@ -5,13 +5,16 @@ int, ``jm.device``, ``jax.Device``), a ``jax.sharding.Sharding``, a dtype
 (floating and complex arrays are cast, integer ones only move), a
 ``(device, dtype)`` pair, an array (its sharding and dtype), ``"meta"``
 (shapes and dtypes only, nothing read), or a callable ``fn(array, key)``
-applied to each loaded array.
+applied to each loaded array. A dict gives some keys a placement of their own
+(``{"fc.weight": sharding}``); the other keys go where the rest of
+``map_location`` says.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -52,6 +55,16 @@ def _default_place() -> Any:
     return jax.devices()[0]
 
 
+_PER_KEY = (
+    "a map_location dict maps checkpoint keys to where those arrays go, e.g. "
+    "{'fc.weight': NamedSharding(mesh, P('model'))}"
+)
+
+
+def _looks_like_device(name: str) -> bool:
+    return name.split(":")[0] in ("cpu", "cuda", "gpu", "tpu", "mps", "xpu", "meta")
+
+
 class Placement:
     """A parsed ``map_location``.
 
@@ -59,17 +72,61 @@ class Placement:
         where: a ``jax.Device``, a ``jax.sharding.Sharding`` or ``"meta"``.
         dtype: the dtype floating/complex arrays are cast to, or ``None``.
         fn: the callable applied to each array, or ``None``.
+        per_key: placements of their own for some keys (from a dict).
     """
 
-    def __init__(self, map_location: Any = None):
+    def __init__(self, map_location: Any = None, *, default: bool = True):
         self.where: Any = None
         self.dtype: Any = None
         self.fn: Callable[[Any, str], Any] | None = None
+        self.per_key: dict[str, Placement] = {}
         specs = map_location if isinstance(map_location, tuple) else (map_location,)
         for spec in specs:
             self._take(spec)
-        if self.where is None:
+        if self.where is None and default:
             self.where = _default_place()
+
+    def _take_dict(self, spec: dict) -> None:
+        for key, value in spec.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{_PER_KEY}; got the key {key!r}, which is not a str")
+            own = Placement(value, default=False)
+            if own.per_key or own.fn is not None or own.where == _META:
+                raise TypeError(
+                    f"{_PER_KEY}: a device, sharding, dtype or (device, dtype) pair; the value "
+                    f"for '{key}' ({value!r}) is a dict, a callable or 'meta'."
+                )
+            self.per_key[key] = own
+
+    def check_keys(self, keys: Iterable[str], path: Any) -> None:
+        """Raise if the dict part of ``map_location`` names keys the file at ``path`` lacks.
+
+        Raises:
+            ValueError: a key of the dict is not in the file.
+        """
+        present = set(keys)
+        unknown = [k for k in self.per_key if k not in present]
+        if not unknown:
+            return
+        hints = []
+        for k in unknown[:8]:
+            close = difflib.get_close_matches(k, present, n=1)
+            hints.append(f"'{k}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        remap = (
+            " PyTorch's device-to-device remapping ({'cuda:1': 'cuda:0'}) is not supported: "
+            "pass the target device itself."
+            if any(_looks_like_device(k) for k in unknown)
+            else ""
+        )
+        raise ValueError(
+            f"map_location names {len(unknown)} key(s) that '{path}' does not hold: "
+            f"{', '.join(hints)}{more}. Keys are dotted paths as in the saved object, e.g. "
+            f"{sorted(present)[:3]}.{remap}"
+        )
+
+    def _own(self, key: str | None) -> Placement | None:
+        return self.per_key.get(key) if key is not None else None
 
     def _take(self, spec: Any) -> None:
         if spec is None:
@@ -79,12 +136,8 @@ class Placement:
             if not spec.startswith(("cpu", "cuda", "meta", "mps", "xpu")):
                 spec = jnp.dtype(spec)
         if isinstance(spec, dict):
-            raise TypeError(
-                "map_location does not take a dict (PyTorch's device-to-device remapping): "
-                "arrays land on the one device, sharding or dtype given, or pass a callable "
-                "fn(array, key) -> array."
-            )
-        if isinstance(spec, jax.Array):
+            self._take_dict(spec)
+        elif isinstance(spec, jax.Array):
             self.where, self.dtype = spec.sharding, spec.dtype
         elif _is_dtype(spec):
             dtype = _device.canonical_dtype(spec, what="map_location")
@@ -111,7 +164,8 @@ class Placement:
         Raises:
             ValueError: a given sharding cannot hold an array of that shape.
         """
-        where = self.where
+        own = self._own(key)
+        where = own.where if own is not None and own.where is not None else self.where
         if isinstance(where, jax.Device):
             return jax.sharding.SingleDeviceSharding(where)
         try:
@@ -122,17 +176,19 @@ class Placement:
             ) from None
         return where
 
-    def cast(self, x: Any) -> Any:
-        """``x`` in the requested dtype if it is floating or complex."""
-        if self.dtype is None or not _floating_or_complex(x.dtype) or x.dtype == self.dtype:
+    def cast(self, x: Any, key: str | None = None) -> Any:
+        """``x`` in the requested dtype (for ``key``) if it is floating or complex."""
+        own = self._own(key)
+        dtype = own.dtype if own is not None and own.dtype is not None else self.dtype
+        if dtype is None or not _floating_or_complex(x.dtype) or x.dtype == dtype:
             return x
         if isinstance(x, jax.ShapeDtypeStruct):
-            return jax.ShapeDtypeStruct(x.shape, self.dtype, sharding=x.sharding)
-        return x.astype(self.dtype)
+            return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+        return x.astype(dtype)
 
     def finish(self, x: Any, key: str) -> Any:
         """Cast, then apply the callable."""
-        x = self.cast(x)
+        x = self.cast(x, key)
         return self.fn(x, key) if self.fn is not None else x
 
     def put(self, host: np.ndarray, key: str) -> Any:

@@ -217,7 +217,9 @@ def read_host(path: os.PathLike | str, verify: bool = True) -> dict[str, np.ndar
 def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True) -> dict:
     """Load a safetensors file as ``{name: jax.Array}`` (see ``jm.load``)."""
     place = Placement(map_location)
-    return {k: place.put(a, k) for k, a in read_host(path, verify).items()}
+    host = read_host(path, verify)
+    place.check_keys(host, path)
+    return {k: place.put(a, k) for k, a in host.items()}
 
 
 def is_index(path: Path) -> bool:
@@ -274,4 +276,5 @@ def read_index(
             )
         tensors.update(loaded)
     place = Placement(map_location)
+    place.check_keys(weight_map, path)
     return collections.OrderedDict((k, place.put(tensors[k], k)) for k in weight_map)

@@ -23,7 +23,7 @@ import math
 import os
 import struct
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +285,8 @@ def read(path: os.PathLike | str, map_location: Any = None) -> Any:
     """Load a PyTorch file with tensors as ``jax.Array`` (see ``jm.load``)."""
     place = Placement(map_location)
     obj = read_host(path)
+    if place.per_key:
+        place.check_keys(_array_keys(obj, ""), path)
     placed: dict[int, Any] = {}
 
     def walk(x: Any, key: str) -> Any:
@@ -303,6 +305,18 @@ def read(path: os.PathLike | str, map_location: Any = None) -> Any:
         return x
 
     return walk(obj, "")
+
+
+def _array_keys(x: Any, key: str) -> Iterator[str]:
+    """The dotted keys of the arrays in ``x``, as :func:`read` names them."""
+    if isinstance(x, np.ndarray):
+        yield key
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _array_keys(v, _join(key, k))
+    elif isinstance(x, (list, tuple, set, frozenset)):
+        for i, v in enumerate(x):
+            yield from _array_keys(v, _join(key, i))
 
 
 def read_flat(path: os.PathLike | str, verify: bool = True) -> dict[str, np.ndarray]:
