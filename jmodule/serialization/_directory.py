@@ -136,7 +136,19 @@ def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) 
         arrays = prepared.arrays
         stored = {f"a{i}": x for i, x in enumerate(arrays) if x.size > 0}
         # Checksums first: run alongside Orbax's writer threads they slow both down.
-        crcs = _checksum.crc32_many(arrays)()
+        # A sharded array gets one checksum per distinct shard, taken from the
+        # device holding it: nothing is gathered into one host buffer.
+        pieces = [_pieces(x, key) for key, x in zip(prepared.keys, arrays)]
+        flat = _checksum.crc32_many(
+            [data for x, p in zip(arrays, pieces) for data in ([x] if p is None else p[1])]
+        )()
+        crcs, shard_crcs, at = [], [], 0
+        for p in pieces:
+            n = 1 if p is None else len(p[1])
+            crcs.append(flat[at] if p is None else "per shard")
+            table = None if p is None else [[b, c] for b, c in zip(p[0], flat[at : at + n])]
+            shard_crcs.append(table)
+            at += n
         if stored:
             ocp, checkpointer = _checker()
             try:
@@ -150,8 +162,9 @@ def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) 
                 "shape": list(x.shape),
                 "crc32": crc,
                 "stored": f"a{i}" if x.size > 0 else None,
+                **({} if shards is None else {"shards": shards}),
             }
-            for i, (key, x, crc) in enumerate(zip(prepared.keys, arrays, crcs))
+            for i, (key, x, crc, shards) in enumerate(zip(prepared.keys, arrays, crcs, shard_crcs))
         ]
         body = {
             "format": FORMAT,
@@ -176,6 +189,34 @@ class _Entry:
     shape: tuple[int, ...]
     crc32: str
     stored: str | None
+    #: For a sharded array: ``(((start, stop) per dimension), crc32)`` per distinct shard.
+    shards: tuple | None = None
+
+
+def _pieces(x: Any, key: str) -> tuple[list, list] | None:
+    """The distinct shards of a sharded ``x``: (their index bounds, their data), or None.
+
+    None for numpy arrays, single-device and fully replicated arrays (one
+    checksum of one copy covers them).
+
+    Raises:
+        CheckpointError: ``x`` spans devices of several processes.
+    """
+    if not isinstance(x, jax.Array) or len(x.sharding.device_set) == 1:
+        return None
+    if x.sharding.is_fully_replicated:
+        return None
+    if not x.is_fully_addressable:
+        raise CheckpointError(
+            f"cannot save '{key}': it is sharded over devices of several processes, and "
+            "jm.save writes from one process. Gather it first (jax.experimental.multihost_utils"
+            ".process_allgather) or save per process."
+        )
+    seen: dict[tuple, Any] = {}
+    for shard in x.addressable_shards:
+        bounds = tuple(sl.indices(n)[:2] for sl, n in zip(shard.index, x.shape))
+        seen.setdefault(bounds, shard.data)
+    return list(seen), list(seen.values())
 
 
 def _entries(body: dict, src: Path) -> list[_Entry]:
@@ -191,7 +232,17 @@ def _entries(body: dict, src: Path) -> list[_Entry]:
                 raise ValueError("bad key or checksum")
             if e["stored"] is not None and not isinstance(e["stored"], str):
                 raise ValueError("bad array name")
-            out.append(_Entry(e["key"], jnp.dtype(e["dtype"]), shape, e["crc32"], e["stored"]))
+            shards = None
+            if "shards" in e:
+                shards = tuple(
+                    (tuple((int(a), int(b)) for a, b in bounds), str(crc))
+                    for bounds, crc in e["shards"]
+                )
+                if any(len(bounds) != len(shape) for bounds, _ in shards):
+                    raise ValueError(f"bad shard table for {e['key']!r}")
+            out.append(
+                _Entry(e["key"], jnp.dtype(e["dtype"]), shape, e["crc32"], e["stored"], shards)
+            )
         return out
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptCheckpointError(
@@ -257,13 +308,23 @@ def _read_arrays(src: Path, entries: list[_Entry], place: Placement) -> dict[str
 
 
 def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
-    crcs = _checksum.crc32_many(values)()
-    bad = []
-    for e, x, crc in zip(entries, values, crcs):
+    """Compare each array (or each saved shard's region of it) with its saved checksum.
+
+    A saved shard is checked on its region of the restored array, whatever
+    its new sharding: only that region comes to the host.
+    """
+    bad, work, owners = [], [], []
+    for e, x in zip(entries, values):
         if tuple(x.shape) != e.shape or np.dtype(x.dtype) != e.dtype:
             bad.append(f"{e.key} (read {tuple(x.shape)} {x.dtype}, saved {e.shape} {e.dtype})")
-        elif crc != e.crc32:
-            bad.append(e.key)
+            continue
+        for bounds, crc in e.shards or ((None, e.crc32),):
+            work.append(x if bounds is None else x[tuple(slice(a, b) for a, b in bounds)])
+            owners.append((e.key, crc))
+    crcs = _checksum.crc32_many(work)()
+    for (key, want), got in zip(owners, crcs):
+        if got != want and key not in bad:
+            bad.append(key)
     if bad:
         named = ", ".join(f"'{k}'" for k in bad[:_MAX_NAMED])
         more = f" and {len(bad) - _MAX_NAMED} more" if len(bad) > _MAX_NAMED else ""
