@@ -184,9 +184,10 @@ class Program:
         self.donating_entries: dict[Any, tuple[tuple, Callable]] = {}
         #: Per structure key, the ``.grad`` slots the function overwrites unread.
         self.grad_unread: dict[Any, frozenset[int]] = {}
-        #: ``(key, donated indices, jitted)`` of the last donating call.
+        #: ``(key, donated indices, jitted, kept indices)`` of the last donating call.
         self.last_donating: tuple | None = None
-        #: ``(key, jitted, donated slots, kept slots)``: the per-call fast path.
+        #: ``(key, jitted, donated slots, kept slots, slots that must still be None)``:
+        #: the per-call path of the last settled donating call (see ``_call_fast``).
         self.fast: tuple | None = None
         self._replay: dict[Any, tuple[Any, Any]] = {}
         self.num_traces = 0
@@ -412,7 +413,7 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
     """
     fast = program.fast
     if fast is not None and fast[0] is key:
-        out = _call_fast(program, fast, args, kwargs)
+        out = _call_fast(program, fast, args)
         if out is not _SLOW:
             return out
     slots = program.slots
@@ -455,12 +456,13 @@ def _call_donating(program: Program, key: Any, infos: dict, args: tuple, kwargs:
 def _kept_slots(
     program: Program, key: Any, idx: tuple[int, ...], vals: Sequence[Any]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The slots a donating call passes without donating, and those it leaves out as None.
+    """``(keep, nones)``: the slots a donating call passes undonated, and those it omits as None.
 
-    Passed: every slot but the donated ones, the ``.grad`` slots the program
-    overwrites unread, and the slots holding None (those read None inside,
-    as before; a call where one of them holds a value passes it, which is a
-    new program, as a None becoming an array always is).
+    ``keep`` is every slot that is not donated, not a ``.grad`` the program
+    overwrites unread, and not None. ``nones`` are the other None slots:
+    inside the program they read None, so a later call where one of them
+    holds a value must pass it (a new program, as a None becoming an array
+    always is).
     """
     skip = set(idx) | program.grad_unread.get(key, frozenset())
     keep = tuple(i for i in range(len(vals)) if i not in skip and vals[i] is not None)
@@ -472,7 +474,7 @@ _NONE_ID = id(None)
 _SLOW = object()
 
 
-def _call_fast(program: Program, fast: tuple, args: tuple, kwargs: dict) -> Any:
+def _call_fast(program: Program, fast: tuple, args: tuple) -> Any:
     """The per-call path of a settled donating program: read, call, write back.
 
     Falls back (returns ``_SLOW``) when a donated slot holds None or an array

@@ -772,10 +772,10 @@ class TorchOptimizer(Optimizer):
                 continue
             _, layout, leaves = self._layout(cfg, members[0].__dict__["_value"])
             if not layout:
-                return []  # no state (plain SGD): nothing to pack
+                continue  # no state (plain SGD): nothing to pack
             shape = tuple(members[0].shape)
             if any(leaf.shape not in ((), shape) for leaf in leaves):
-                return []  # a state entry that is not elementwise: keep per-parameter state
+                continue  # a state entry that is not elementwise: keep per-parameter state
             per_param = frozenset(n for (_, n), leaf in zip(layout, leaves) if leaf.shape == ())
             records = [self._records[p][1:] for p in members]
             bucket = Bucket(
