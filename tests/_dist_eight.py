@@ -11,6 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from _dist_models import BIG_CONFIG, Big, Block, batch, classifier, run_steps, values
 from jax.sharding import NamedSharding
@@ -289,6 +290,52 @@ def test_compiled_sharded_step_moves_no_state_between_devices(layout, mesh8):
         for _ in range(2):
             step(model, opt, xs, ys)
             sched.step()
+
+
+def test_sharded_parameters_share_one_step_count_like_optax(mesh8):
+    """The compiled FSDP Adam step takes optax's state over the parameter tree (one
+    count for all parameters, not one per parameter) plus the hyper-parameter array."""
+    model = dist.shard(mlp(), mesh8, dist.fsdp(mesh8))
+    opt = jm.optim.Adam(model.parameters(), lr=1e-2)
+    xs, ys = dist.shard_batch(batch(16), mesh8)
+    _, step = run_steps(model, opt, xs, ys, steps=2)
+    params = {n: p.data for n, p in model.named_parameters()}
+    optax_state = jax.tree.leaves(optax.adam(1e-2).init(params))
+    inputs = jax.tree.leaves(step.lower(model, opt, xs, ys).args_info)
+    # the parameters (zero_grad() comes first: no grads in), optax's state, the
+    # hyper-parameter array, jm's random state, x and y
+    assert len(inputs) == len(params) + len(optax_state) + 1 + 1 + 2
+    for p in model.parameters():
+        assert isinstance(opt.state[p], jm.optim.PackedState)
+        assert opt.state[p]["exp_avg"].sharding == p.sharding
+
+
+def test_sharded_parameters_that_skip_steps_match_one_device(mesh8):
+    """Counts part ways when some parameters have no gradient, as PyTorch's do."""
+    jm.manual_seed(0)
+    ref = mlp()
+    model = mlp()
+    model.load_state_dict(ref.state_dict())
+    dist.shard(model, mesh8, dist.fsdp(mesh8))
+    opts = [jm.optim.AdamW(m.parameters(), lr=1e-2, amsgrad=True) for m in (ref, model)]
+    rng = np.random.default_rng(0)
+    shapes = [p.shape for p in ref.parameters()]
+    for skip in [set(), {1}, {0, 3}, set()]:
+        grads = [
+            None if i in skip else rng.standard_normal(s).astype(np.float32)
+            for i, s in enumerate(shapes)
+        ]
+        for m, opt in zip((ref, model), opts):
+            for p, g in zip(m.parameters(), grads):
+                p.grad = None if g is None else jax.device_put(g, p.sharding)
+            opt.step()
+    for name, v in values(model).items():
+        np.testing.assert_allclose(v, values(ref)[name], err_msg=name, **TOL)
+    want, got = (opt.state_dict()["state"] for opt in opts)
+    assert [int(s["step"]) for s in got.values()] == [int(s["step"]) for s in want.values()]
+    for i in want:
+        for k in want[i]:
+            np.testing.assert_allclose(np.asarray(got[i][k]), np.asarray(want[i][k]), **TOL)
 
 
 @pytest.mark.parametrize(

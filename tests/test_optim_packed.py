@@ -1,6 +1,7 @@
 """Packed optimizer state (small parameters share flat arrays) against torch.optim, live.
 
-Every PyTorch optimizer packs the state of a group's small parameters (see
+Every PyTorch optimizer packs the state of a group's small parameters, and the
+large ones on the same devices share their step counts (see
 ``jmodule/optim/_packed.py``). These tests check that packing changes nothing a
 user can see: the same updates as PyTorch when parameters skip steps (their
 counts part ways), eagerly and compiled; ``opt.state[p]`` reads and writes
@@ -28,8 +29,9 @@ CASES = [
     ("Adagrad", {"lr": 0.1, "lr_decay": 0.05}),
 ]
 IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for n, kw in CASES]
-#: Four small parameters (packed together) and one too large to pack.
-SHAPES = [(3, 4), (4,), (2, 3), (5,), (PACK_MAX_ELEMENTS // 64 + 1, 64)]
+#: Four small parameters (packed together) and two too large to pack (they share
+#: their step counts when the optimizer keeps one).
+SHAPES = [(3, 4), (4,), (2, 3), (5,), (PACK_MAX_ELEMENTS // 64 + 1, 64), (PACK_MAX_ELEMENTS + 3,)]
 RTOL, ATOL = 2e-5, 1e-5  # the large parameter sees rare float32 cancellations
 
 
@@ -83,9 +85,9 @@ def test_packed_steps_match_torch_when_parameters_skip_steps(name, kwargs):
         grads = _grads(rng, skip)
         _step_both(tp, topt, jp, jopt, grads)
         _assert_same(tp, topt, jp, jopt)
-    # The four small parameters share packed state; the large one keeps its own.
-    assert all(isinstance(jopt.state[p], PackedState) for p in jp[:4])
-    assert isinstance(jopt.state[jp[4]], dict)
+    # The four small parameters share packed state; the large ones keep their own
+    # arrays and share their per-parameter scalars (step counts, SGD's first-step flag).
+    assert all(isinstance(jopt.state[p], PackedState) for p in jp)
 
 
 @jm.compile
@@ -129,8 +131,19 @@ def test_packed_state_is_a_live_view_like_torchs_dict():
     np.testing.assert_array_equal(np.asarray(jopt.state[jp[1]]["exp_avg"]), new)
     _step_both(tp, topt, jp, jopt, _grads(rng, set()))
     _assert_same(tp, topt, jp, jopt)
+    # The same for the large parameters, whose entries are their own arrays.
+    big = rng.standard_normal(SHAPES[5]).astype(np.float32)
+    topt.state[tp[5]]["exp_avg_sq"] = torch.tensor(np.abs(big))
+    jopt.state[jp[5]]["exp_avg_sq"] = jnp.abs(jnp.asarray(big))
+    topt.state[tp[4]]["step"] = torch.tensor(11.0)
+    jopt.state[jp[4]]["step"] = 11
+    assert isinstance(jopt.state[jp[5]], PackedState)
+    _step_both(tp, topt, jp, jopt, _grads(rng, set()))
+    _assert_same(tp, topt, jp, jopt)
     with pytest.raises(ValueError, match="parameter's shape"):
         view["exp_avg"] = jnp.zeros(3)
+    with pytest.raises(ValueError, match="parameter's shape"):
+        jopt.state[jp[5]]["exp_avg"] = jnp.zeros(3)
     with pytest.raises(KeyError, match="exp_avg_sq"):
         view["momentum_buffer"] = jnp.zeros(4)
     with pytest.raises(TypeError, match="cannot be deleted"):
@@ -192,3 +205,20 @@ def test_options_changed_between_steps_repack_and_follow_torch():
         _step_both(tp, topt, jp, jopt, grads)
         _assert_same(tp, topt, jp, jopt)
     assert all(isinstance(jopt.state[p], PackedState) for p in jp[:4])
+
+
+@pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
+def test_a_scalar_parameter_packs_with_vectors(name, kwargs):
+    """A 0-d parameter first in its group: its elementwise state is still elementwise."""
+    init = [np.float32(0.5), np.arange(3, dtype=np.float32), np.ones((2, 2), np.float32)]
+    tp = [torch.nn.Parameter(torch.tensor(a)) for a in init]
+    jp = [jm.nn.Parameter(jnp.asarray(a)) for a in init]
+    topt, jopt = getattr(torch.optim, name)(tp, **kwargs), getattr(optim, name)(jp, **kwargs)
+    rng = np.random.default_rng(9)
+    for skip in [set(), {2}, set()]:
+        grads = [
+            None if i in skip else rng.standard_normal(np.shape(a)).astype(np.float32)
+            for i, a in enumerate(init)
+        ]
+        _step_both(tp, topt, jp, jopt, grads)
+        _assert_same(tp, topt, jp, jopt)

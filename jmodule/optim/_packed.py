@@ -14,6 +14,15 @@ same arithmetic, because every PyTorch optimizer updates elementwise (the
 count is repeated over each parameter's elements, so parameters with
 different step counts still get their own bias corrections).
 
+The remaining parameters of a group (large or sharded ones) keep their own
+state arrays, laid out like the parameter, but those on the same devices form a
+:class:`SharedBucket`: their per-parameter scalars (the ``step`` counts) are
+one vector, and while they have all stepped together the update uses one
+count for them all, as a plain optax update over a pytree does. One count per
+parameter would add an input, an output and a few scalar kernels per
+parameter to every step (measured: 21 more fused kernels in an 8-parameter
+FSDP step than plain JAX's).
+
 ``opt.state[p]`` of a packed parameter is a :class:`PackedState` view: reading
 an entry slices it out, writing one writes it back, so it behaves like the
 live dict PyTorch users know. ``state_dict()`` unpacks (PyTorch's layout), and
@@ -29,7 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["PACK_MAX_ELEMENTS", "Bucket", "PackedState", "packable"]
+__all__ = [
+    "PACK_MAX_ELEMENTS",
+    "Bucket",
+    "PackedState",
+    "SharedBucket",
+    "packable",
+    "replicated_like",
+]
 
 #: Parameters with at most this many elements are packed.
 PACK_MAX_ELEMENTS = 1 << 16
@@ -49,6 +65,36 @@ def packable(value: Any) -> tuple | None:
     if len(devices) != 1:
         return None
     return (str(value.dtype), next(iter(devices)))
+
+
+def place_of(value: Any) -> Any:
+    """Where a parameter value lives, as a bucket key: its set of devices (None for tracers)."""
+    sharding = getattr(value, "sharding", None)
+    if isinstance(value, jax.core.Tracer) or sharding is None:
+        return None
+    return frozenset(sharding.device_set)
+
+
+def replicated_like(host: Any, ref: Any) -> jax.Array:
+    """``host`` on every device ``ref`` (a parameter's value) spans, so a step never moves it.
+
+    A hyper-parameter array or step-count vector on one device would be copied
+    to every device of a sharded model on each call of a compiled step.
+    """
+    sharding = getattr(ref, "sharding", None)
+    if isinstance(ref, jax.core.Tracer) or sharding is None:
+        return jnp.asarray(host)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        target: jax.sharding.Sharding = jax.sharding.NamedSharding(
+            sharding.mesh, jax.sharding.PartitionSpec()
+        )
+    elif len(sharding.device_set) == 1:
+        target = jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
+    else:
+        return jnp.asarray(host)
+    from jmodule.distributed._rules import put
+
+    return put(np.asarray(host), target)
 
 
 class Bucket:
@@ -84,10 +130,7 @@ class Bucket:
         self.total = sum(self.sizes)
         self.layout = layout
         self.per_param = per_param
-        self.store: dict[str, Any] = {
-            name: self.join(name, [(public if pub else hidden)[name] for public, hidden in records])
-            for pub, name in layout
-        }
+        self.store: dict[str, Any] = self._pack(records)
         self._splitter: Any = None
         self._on_part = on_part
         #: Whether every member has the same per-parameter values (step counts), so a
@@ -97,9 +140,19 @@ class Bucket:
             for v in (self.store[n] for n in per_param)
         )
 
+    def _pack(self, records: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+        return {
+            name: self.join(name, [(public if pub else hidden)[name] for public, hidden in records])
+            for pub, name in self.layout
+        }
+
     def signature(self) -> tuple:
         """What a compiled update depends on (shapes and layout)."""
-        return (self.cfg, self.shapes, self.layout)
+        return (type(self).__name__, self.cfg, self.shapes, self.layout)
+
+    def slots(self) -> list[tuple[str, str]]:
+        """``(store key, display name)`` of every array the bucket keeps."""
+        return [(k, f"{'' if pub else '~'}{k}") for pub, k in self.layout]
 
     def flat(self, arrays: Sequence[Any]) -> Any:
         """One array per member -> the flat layout (their elements concatenated)."""
@@ -174,6 +227,88 @@ class Bucket:
         if name in self.per_param and self.uniform:
             self.uniform = False
             self._on_part()
+
+
+class SharedBucket(Bucket):
+    """Parameters of one param group on the same devices that share their step counts.
+
+    Unlike :class:`Bucket`, each member keeps its own state arrays (laid out
+    like the parameter: sharded parameters keep sharded state), stored under
+    ``"name[j]"``; only the per-parameter scalars are one vector (replicated
+    over the members' devices). The update runs the group's optax chain per
+    member, with one count for all of them while they step together.
+    """
+
+    def key(self, name: str, j: int) -> str:
+        """The store key of member ``j``'s entry ``name``."""
+        return name if name in self.per_param else f"{name}[{j}]"
+
+    def _pack(self, records: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+        ref = self.params[0].__dict__["_value"]
+        store = {}
+        for pub, name in self.layout:
+            parts = [(public if pub else hidden)[name] for public, hidden in records]
+            if name in self.per_param:
+                stacked = jnp.stack([jnp.reshape(x, ()) for x in parts])
+                store[name] = replicated_like(stacked, ref)
+            else:
+                for j, x in enumerate(parts):
+                    store[self.key(name, j)] = x
+        return store
+
+    def slots(self) -> list[tuple[str, str]]:
+        """``(store key, display name)`` of every array the bucket keeps."""
+        out = []
+        for pub, n in self.layout:
+            members = [0] if n in self.per_param else range(len(self.params))
+            for j in members:
+                k = self.key(n, j)
+                out.append((k, f"{'' if pub else '~'}{k}"))
+        return out
+
+    def unpack(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Every member's ``(public, hidden)`` state, as separate arrays."""
+        count = len(self.params)
+        if self._splitter is None:
+            self._splitter = jax.jit(lambda vec: [vec[j] for j in range(count)])
+        scalars = {n: self._splitter(self.store[n]) for n in self.per_param}
+        entries = [
+            {
+                n: scalars[n][j] if n in self.per_param else self.store[self.key(n, j)]
+                for _, n in self.layout
+            }
+            for j in range(count)
+        ]
+        return [
+            (
+                {n: e[n] for n in self.public_order},
+                {n: e[n] for pub, n in self.layout if not pub},
+            )
+            for e in entries
+        ]
+
+    def read(self, j: int, name: str) -> Any:
+        """Member ``j``'s entry ``name``."""
+        if name in self.per_param:
+            return self.store[name][j]
+        return self.store[self.key(name, j)]
+
+    def write(self, j: int, name: str, value: Any) -> None:
+        """Set member ``j``'s entry ``name``, where the old value lived."""
+        if name in self.per_param:
+            super().write(j, name, value)
+            return
+        value = jnp.asarray(value)
+        if tuple(value.shape) != self.shapes[j]:
+            raise ValueError(
+                f"state entry '{name}' has the parameter's shape {self.shapes[j]}; got "
+                f"{tuple(value.shape)}"
+            )
+        old = self.store[self.key(name, j)]
+        value = value.astype(old.dtype)
+        if not isinstance(value, jax.core.Tracer) and not isinstance(old, jax.core.Tracer):
+            value = jax.device_put(value, old.sharding)
+        self.store[self.key(name, j)] = value
 
 
 class PackedState(MutableMapping):

@@ -39,7 +39,14 @@ import optax
 
 from jmodule._lowering import binding, structure
 from jmodule.nn.parameter import Parameter, as_array
-from jmodule.optim._packed import Bucket, PackedState, packable
+from jmodule.optim._packed import (
+    Bucket,
+    PackedState,
+    SharedBucket,
+    packable,
+    place_of,
+    replicated_like,
+)
 
 __all__ = ["Optimizer", "ParamsT", "TorchOptimizer"]
 
@@ -92,28 +99,6 @@ def _names_backward(fn: Any, depth: int = 0) -> bool:
         return any(isinstance(k, types.CodeType) and scan(k) for k in c.co_consts)
 
     return scan(code)
-
-
-def _replicated_like(host: np.ndarray, ref: Any) -> jax.Array:
-    """``host`` on every device ``ref`` (a parameter's value) spans, so a step never moves it.
-
-    A hyper-parameter array on one device would be copied to every device of
-    a sharded model on each call of a compiled step.
-    """
-    sharding = getattr(ref, "sharding", None)
-    if isinstance(ref, jax.core.Tracer) or sharding is None:
-        return jnp.asarray(host)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        target: jax.sharding.Sharding = jax.sharding.NamedSharding(
-            sharding.mesh, jax.sharding.PartitionSpec()
-        )
-    elif len(sharding.device_set) == 1:
-        target = jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
-    else:
-        return jnp.asarray(host)
-    from jmodule.distributed._rules import put
-
-    return put(host, target)
 
 
 class Optimizer:
@@ -348,7 +333,7 @@ class Optimizer:
         floats = self._hyper_floats(group)
         if self._hp_floats.get(key) != floats:
             self._hp_floats[key] = floats
-            self._hp[key] = _replicated_like(
+            self._hp[key] = replicated_like(
                 np.asarray(floats, dtype=np.float32), group["params"][0].__dict__["_value"]
             )
 
@@ -758,35 +743,71 @@ class TorchOptimizer(Optimizer):
             if p in self.state:
                 self.state[p] = public
 
+    def _classify(self, cfg: tuple, dtype: Any) -> tuple | None:
+        """Which state leaves are one scalar per parameter, for parameters of ``dtype``.
+
+        ``(layout, per_param names)``, or None when the state cannot be packed:
+        no state (plain SGD), or an entry that is neither a scalar nor shaped
+        like the parameter. Decided on an abstract probe of shape ``(2,)``, so a
+        scalar parameter does not make its elementwise entries look per-parameter.
+        """
+        probe = jax.ShapeDtypeStruct((2,), dtype)
+        hp = {n: 0.0 for n, _, _ in self._hyper}
+        tree = jax.eval_shape(self._transformation(dict(cfg), hp, None).init, probe)
+        leaves = jax.tree_util.tree_leaves(tree)
+        if not leaves or any(leaf.shape not in ((), (2,)) for leaf in leaves):
+            return None
+        if cfg not in self._layouts:
+            self._layout(cfg, jnp.zeros((2,), dtype))
+        _, layout = self._layouts[cfg]
+        per_param = frozenset(n for (_, n), leaf in zip(layout, leaves) if leaf.shape == ())
+        return layout, per_param
+
     def _pack_group(self, group: dict[str, Any]) -> list[Bucket]:
-        """Pack the group's small same-device, same-dtype parameters (two or more) together."""
+        """Lay out the group's state in buckets (see ``_packed.py``).
+
+        Small parameters on one device with one dtype (two or more) are packed
+        flat; the others on the same devices (two or more) share their step
+        counts in a :class:`SharedBucket`.
+        """
         cfg = self._structure(group)
-        together: dict[tuple, list[Parameter]] = {}
+        flat: dict[tuple, list[Parameter]] = {}
+        shared: dict[Any, list[Parameter]] = {}
         for p in group["params"]:
-            where = packable(p.__dict__["_value"])
-            if where is not None and p not in self._packed:
-                together.setdefault(where, []).append(p)
-        buckets = []
-        for members in together.values():
-            if len(members) < 2:
+            if p in self._packed:
                 continue
-            _, layout, leaves = self._layout(cfg, members[0].__dict__["_value"])
-            if not layout:
-                continue  # no state (plain SGD): nothing to pack
-            shape = tuple(members[0].shape)
-            if any(leaf.shape not in ((), shape) for leaf in leaves):
-                continue  # a state entry that is not elementwise: keep per-parameter state
-            per_param = frozenset(n for (_, n), leaf in zip(layout, leaves) if leaf.shape == ())
-            records = [self._records[p][1:] for p in members]
-            bucket = Bucket(
-                cfg, members, layout, per_param, records, list(records[0][0]), self._part
-            )
-            for j, p in enumerate(members):
-                del self._records[p]
-                self._packed[p] = (bucket, j)
-                if p in self.state:
-                    self.state[p] = PackedState(bucket, j)
-            buckets.append(bucket)
+            value = p.__dict__["_value"]
+            where = packable(value)
+            if where is not None:
+                flat.setdefault(where, []).append(p)
+            elif place_of(value) is not None:
+                shared.setdefault((str(value.dtype), place_of(value)), []).append(p)
+        for where, members in list(flat.items()):
+            if len(members) < 2:  # alone: it may still share its count
+                del flat[where]
+                value = members[0].__dict__["_value"]
+                shared.setdefault((where[0], place_of(value)), []).append(members[0])
+        buckets = []
+        for kind, together in ((Bucket, flat), (SharedBucket, shared)):
+            for (dtype, _), members in together.items():
+                if len(members) < 2:
+                    continue
+                classified = self._classify(cfg, dtype)
+                if classified is None:
+                    continue
+                layout, per_param = classified
+                if kind is SharedBucket and not per_param:
+                    continue  # nothing to share
+                records = [self._records[p][1:] for p in members]
+                bucket = kind(
+                    cfg, members, layout, per_param, records, list(records[0][0]), self._part
+                )
+                for j, p in enumerate(members):
+                    del self._records[p]
+                    self._packed[p] = (bucket, j)
+                    if p in self.state:
+                        self.state[p] = PackedState(bucket, j)
+                buckets.append(bucket)
         return buckets
 
     def _structure_key(self) -> tuple:
@@ -794,7 +815,9 @@ class TorchOptimizer(Optimizer):
 
     def _layout_key(self) -> tuple:
         return tuple(
-            (i, b.shapes, b.uniform) for i, buckets in self._buckets.items() for b in buckets
+            (i, type(b).__name__, b.shapes, b.uniform)
+            for i, buckets in self._buckets.items()
+            for b in buckets
         )
 
     def _part(self) -> None:
@@ -813,9 +836,9 @@ class TorchOptimizer(Optimizer):
                             names.append(f"state[{index}].{kind}{k}")
                 index += 1
             for b, bucket in enumerate(self._buckets.get(i, ())):
-                for pub, k in bucket.layout:
+                for k, shown in bucket.slots():
                     slots.append((bucket.store, k))
-                    names.append(f"param_groups[{i}].packed[{b}].{'' if pub else '~'}{k}")
+                    names.append(f"param_groups[{i}].packed[{b}].{shown}")
         return slots, names
 
     def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
@@ -873,13 +896,12 @@ class TorchOptimizer(Optimizer):
     def _step_bucket(self, hp: Any, bucket: Bucket, mask: tuple[bool, ...]) -> None:
         """One step of the bucket's members whose ``mask`` entry is set (those with a grad).
 
-        The group's optax chain runs once over the members' concatenated
-        parameters and gradients: the same elementwise arithmetic as one
-        chain per parameter. While every member has taken the same number of
-        steps (``bucket.uniform``) the per-parameter counts are one scalar;
-        otherwise each count is repeated over its parameter's elements.
-        Members without a gradient keep their values and state, as PyTorch
-        skips them.
+        A flat bucket runs the group's optax chain once over the members'
+        concatenated parameters and gradients (the same elementwise arithmetic
+        as one chain per parameter); a shared bucket runs it per member. While
+        every member has taken the same number of steps (``bucket.uniform``)
+        the per-parameter counts are one scalar. Members without a gradient
+        keep their values and state, as PyTorch skips them.
         """
         members = bucket.params
         for p in members:
@@ -892,58 +914,16 @@ class TorchOptimizer(Optimizer):
                     f"{tuple(value.shape)}; the optimizer lays its state out again on the next "
                     "step (call it again)"
                 )
-        cfg = bucket.cfg
-        treedef, layout = self._layouts[cfg]
-        names = [n for n, _, _ in self._hyper]
+        treedef, layout = self._layouts[bucket.cfg]
         every = all(mask)
         uniform = bucket.uniform and every
-
-        def make() -> Callable:
-            elem_mask = np.repeat(np.asarray(mask), bucket.sizes)
-            param_mask = np.asarray(mask)
-            starts = np.asarray(bucket.starts)
-            count = len(members)
-
-            def update(hp_arr, values, grads, store):
-                hyper = {n: hp_arr[j] for j, n in enumerate(names)}
-                flat_v = bucket.flat(values)
-                flat_g = bucket.flat(
-                    [
-                        jnp.zeros(v.shape, v.dtype) if g is None else g.astype(v.dtype)
-                        for v, g in zip(values, grads)
-                    ]
-                )
-                leaves = []
-                for _, n in layout:
-                    leaf = store[n]
-                    if n in bucket.per_param:
-                        leaf = leaf[0] if uniform else bucket.expand(leaf)
-                    leaves.append(leaf)
-                public = {n: leaf for (pub, n), leaf in zip(layout, leaves) if pub}
-                tx = self._transformation(dict(cfg), hyper, public)
-                updates, new_state = tx.update(flat_g, treedef.unflatten(leaves), flat_v)
-                new_store = {}
-                for (_, n), new in zip(layout, jax.tree_util.tree_leaves(new_state)):
-                    old = store[n]
-                    if n in bucket.per_param:
-                        new = jnp.broadcast_to(new, (count,)) if uniform else new[starts]
-                        keep = param_mask
-                    else:
-                        keep = elem_mask
-                    new = new.astype(old.dtype)
-                    new_store[n] = new if every else jnp.where(keep, new, old)
-                new_values = [
-                    optax.apply_updates(v, u)
-                    for v, u, m in zip(values, bucket.split(updates), mask)
-                    if m
-                ]
-                return new_values, new_store
-
-            return update
-
+        make = self._shared_update if isinstance(bucket, SharedBucket) else self._flat_update
         values = [p.__dict__["_value"] for p in members]
         grads = [p.grad if m else None for p, m in zip(members, mask)]
-        fn = self._jit(("bucket", bucket.signature(), mask, uniform), make)
+        fn = self._jit(
+            ("bucket", bucket.signature(), mask, uniform),
+            lambda: make(bucket, treedef, layout, mask, uniform),
+        )
         new_values, new_store = fn(hp, values, grads, bucket.store)
         stepped = [p for p, m in zip(members, mask) if m]
         for p, v in zip(stepped, new_values):
@@ -955,6 +935,100 @@ class TorchOptimizer(Optimizer):
         if not every and bucket.per_param and bucket.uniform:
             bucket.uniform = False  # the counts part ways: later programs repeat them
             self._part()
+
+    def _flat_update(
+        self, bucket: Bucket, treedef: Any, layout: tuple, mask: tuple[bool, ...], uniform: bool
+    ) -> Callable:
+        """The update of a flat bucket: one optax chain over the concatenated members."""
+        cfg, members = bucket.cfg, bucket.params
+        names = [n for n, _, _ in self._hyper]
+        every = all(mask)
+        elem_mask = np.repeat(np.asarray(mask), bucket.sizes)
+        param_mask = np.asarray(mask)
+        starts = np.asarray(bucket.starts)
+        count = len(members)
+
+        def update(hp_arr, values, grads, store):
+            hyper = {n: hp_arr[j] for j, n in enumerate(names)}
+            flat_v = bucket.flat(values)
+            flat_g = bucket.flat(
+                [
+                    jnp.zeros(v.shape, v.dtype) if g is None else g.astype(v.dtype)
+                    for v, g in zip(values, grads)
+                ]
+            )
+            leaves = []
+            for _, n in layout:
+                leaf = store[n]
+                if n in bucket.per_param:
+                    leaf = leaf[0] if uniform else bucket.expand(leaf)
+                leaves.append(leaf)
+            public = {n: leaf for (pub, n), leaf in zip(layout, leaves) if pub}
+            tx = self._transformation(dict(cfg), hyper, public)
+            updates, new_state = tx.update(flat_g, treedef.unflatten(leaves), flat_v)
+            new_store = {}
+            for (_, n), new in zip(layout, jax.tree_util.tree_leaves(new_state)):
+                old = store[n]
+                if n in bucket.per_param:
+                    new = jnp.broadcast_to(new, (count,)) if uniform else new[starts]
+                    keep = param_mask
+                else:
+                    keep = elem_mask
+                new = new.astype(old.dtype)
+                new_store[n] = new if every else jnp.where(keep, new, old)
+            new_values = [
+                optax.apply_updates(v, u)
+                for v, u, m in zip(values, bucket.split(updates), mask)
+                if m
+            ]
+            return new_values, new_store
+
+        return update
+
+    def _shared_update(
+        self,
+        bucket: SharedBucket,
+        treedef: Any,
+        layout: tuple,
+        mask: tuple[bool, ...],
+        uniform: bool,
+    ) -> Callable:
+        """The update of a shared bucket: the optax chain per member, one count while uniform."""
+        cfg = bucket.cfg
+        names = [n for n, _, _ in self._hyper]
+        count = len(bucket.params)
+        stepping = [j for j, m in enumerate(mask) if m]
+
+        def update(hp_arr, values, grads, store):
+            hyper = {n: hp_arr[j] for j, n in enumerate(names)}
+            new_store: dict[str, Any] = {}
+            new_values = []
+            scalars: dict[str, list[Any]] = {n: [] for n in bucket.per_param}
+            for j in stepping:
+                v, g = values[j], grads[j]
+                leaves = [
+                    (store[n][0] if uniform else store[n][j])
+                    if n in bucket.per_param
+                    else store[bucket.key(n, j)]
+                    for _, n in layout
+                ]
+                public = {n: leaf for (pub, n), leaf in zip(layout, leaves) if pub}
+                tx = self._transformation(dict(cfg), hyper, public)
+                updates, new_state = tx.update(g.astype(v.dtype), treedef.unflatten(leaves), v)
+                for (_, n), old, new in zip(layout, leaves, jax.tree_util.tree_leaves(new_state)):
+                    if n in bucket.per_param:
+                        scalars[n].append(new.astype(store[n].dtype))
+                    else:
+                        new_store[bucket.key(n, j)] = new.astype(old.dtype)
+                new_values.append(optax.apply_updates(v, updates))
+            for n, new in scalars.items():
+                if uniform:  # every member stepped from the same count
+                    new_store[n] = jnp.broadcast_to(new[0], (count,))
+                else:
+                    new_store[n] = store[n].at[np.asarray(stepping)].set(jnp.stack(new))
+            return new_values, new_store
+
+        return update
 
     def _packed_state(self, index: dict[int, int]) -> dict[str, Any]:
         unpacked: dict[int, dict[str, Any]] = {}
