@@ -10,8 +10,10 @@ On 8 devices (simulated CPU devices unless JAX already sees 8 or more):
     ``value_and_grad`` + ``optax.adam`` over parameter arrays with the same
     shardings, donating them). Target: the jmodule step takes at most 1.05x
     the plain-JAX step. The XLA ops that move data (copies, all-gathers,
-    reduce-scatters, all-reduces) of both compiled programs are counted too:
-    equal counts mean jmodule adds nothing to what XLA runs.
+    reduce-scatters, all-reduces) of both compiled programs are counted too.
+    jmodule's one extra copy is of its step-count vector (one int32 per
+    parameter, PyTorch keeps a count per parameter), which XLA copies before
+    writing the new counts into the same buffer.
 (b) Per-device argument memory, from XLA's ``memory_analysis()``, with
     FSDP-sharded weights vs replicated ones: of the forward+backward over the
     model's state, and of the whole jmodule training step (weights and Adam

@@ -21,10 +21,25 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from jmodule.serialization import _atomic, _directory, _metafile
 from jmodule.serialization._errors import CheckpointExistsError, CheckpointNotFoundError
 
 __all__ = ["CheckpointManager"]
+
+
+def _leads() -> bool:
+    """Whether this process tidies the directory: the only one, or process 0 of several."""
+    return not _directory.multiprocess() or jax.process_index() == 0
+
+
+def _barrier(name: str) -> None:
+    """Wait for every process of a multi-process job (nothing in a single process)."""
+    if _directory.multiprocess():
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 class CheckpointManager:
@@ -48,6 +63,10 @@ class CheckpointManager:
     are finished or removed; the next save brings the number of kept steps
     back to ``max_to_keep``. One manager (one process) should write to a
     directory at a time; leftovers of a process still running are left alone.
+    In a job of several ``jax.distributed`` processes, every process creates
+    the manager and calls :meth:`save` with the same arguments (``async_=False``:
+    a background save would run collectives beside the training step's);
+    process 0 tidies the directory.
 
     >>> import tempfile, jax.numpy as jnp, jmodule as jm
     >>> with jm.checkpoint.CheckpointManager(tempfile.mkdtemp()) as mngr:
@@ -76,8 +95,10 @@ class CheckpointManager:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future | None = None
-        for name in _atomic.leftover_names(self.directory):
-            _atomic.repair(self.directory / name)
+        if _leads():
+            for name in _atomic.leftover_names(self.directory):
+                _atomic.repair(self.directory / name)
+        _barrier("jm-checkpoint-manager-start")
 
     def _path(self, step: int) -> Path:
         return self.directory / str(step)
@@ -115,11 +136,19 @@ class CheckpointManager:
         Raises:
             CheckpointExistsError: ``step`` exists and ``overwrite`` is false.
             TypeError: ``obj`` holds a value ``jm.save`` cannot store.
+            NotImplementedError: ``async_`` is true in a job of several processes.
         """
         if type(step) is not int or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if not (force or self.should_save(step)):
             return False
+        if self.async_ and _directory.multiprocess():
+            raise NotImplementedError(
+                "CheckpointManager(async_=True) cannot save in a job of several processes "
+                "(a background save would run collectives alongside the training step's and "
+                "could deadlock); use CheckpointManager(directory, async_=False), or jm.save, "
+                "which every process calls with the same path."
+            )
         self.wait_until_finished()
         path = self._path(step)
         if path.exists() and not overwrite:
@@ -140,9 +169,10 @@ class CheckpointManager:
 
     def _write(self, prepared: _directory.Prepared, step: int, overwrite: bool) -> None:
         _directory.write(prepared, self._path(step), overwrite=overwrite)
-        if self.max_to_keep is not None:
+        if self.max_to_keep is not None and _leads():
             for old in self.all_steps()[: -self.max_to_keep]:
                 _atomic.delete(self._path(old))
+        _barrier("jm-checkpoint-manager-saved")  # every process sees the tidied directory
 
     def wait_until_finished(self) -> None:
         """Block until the save in flight (if any) is on disk; raise its error if it failed."""

@@ -9,8 +9,11 @@ two-process test starts ``_dist_process.py`` twice.
 
 import ast
 import doctest
+import gc
 import math
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +33,7 @@ import jmodule as jm
 import jmodule.distributed as dist
 import jmodule.optim
 from jmodule import nn
+from jmodule.serialization import _metafile
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -137,34 +141,45 @@ def test_importing_jmodule_leaves_jax_backends_unstarted():
     )
 
 
-def test_two_processes_agree_with_one(tmp_path):
+def _run_two(script: str, args: list[list[str]], logdir: Path) -> None:
+    """Run ``script`` as ranks 0 and 1 of a two-process job; fail with a log if one fails.
+
+    When one process fails, the other (waiting in a collective) is stopped at once.
+    """
     port = _free_port()
-    procs = []
+    procs, logs = [], [logdir / f"rank{rank}.log" for rank in range(2)]
     for rank in range(2):
         env = _env(1)
         env.pop("XLA_FLAGS")  # the helper asks for 2 devices itself
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(HERE / "_dist_process.py"), str(tmp_path / f"{rank}.npz")],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
+        with open(logs[rank], "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE / script), *args[rank]],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             )
-        )
-    logs = []
+    deadline = time.monotonic() + 300
     try:
-        for p in procs:
-            logs.append(p.communicate(timeout=300)[0])
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                break
+            time.sleep(0.1)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"process {rank} failed:\n{logs[rank]}"
+        assert p.returncode == 0, f"process {rank} failed:\n{logs[rank].read_text()}"
+
+
+def test_two_processes_agree_with_one(tmp_path):
+    _run_two("_dist_process.py", [[str(tmp_path / f"{rank}.npz")] for rank in range(2)], tmp_path)
     got = [np.load(tmp_path / f"{rank}.npz") for rank in range(2)]
 
     x, y = batch()
@@ -182,6 +197,43 @@ def test_two_processes_agree_with_one(tmp_path):
                     atol=2e-6,
                     err_msg=f"{layout} {key} on process {rank}",
                 )
+
+
+# Orbax leaves reads in flight when one fails; see tests/test_serialization_corrupt.py.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_two_processes_save_one_checkpoint(tmp_path):
+    """Both processes jm.save FSDP-sharded training state to one path, each writing its
+    own shards; both load it back across both processes (in the helper), and one
+    process alone loads it onto one device here."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "saved.npz"
+    _run_two("_dist_ckpt_process.py", [[str(ckpt), str(out)]] * 2, tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no debris
+    saved = dict(np.load(out))
+    loaded = jm.load(ckpt)
+    assert loaded["epoch"] == 3
+    leaves = jax.tree_util.tree_leaves_with_path(loaded)
+    got = {jax.tree_util.keystr(k): v for k, v in leaves}
+    assert got.keys() == saved.keys()
+    for key, want in saved.items():
+        np.testing.assert_array_equal(np.asarray(got[key]), want, err_msg=key)
+    assert all(v.devices() == {jax.devices()[0]} for v in got.values() if isinstance(v, jax.Array))
+    shards = {e["key"]: e.get("shards") for e in _metafile.read(ckpt)["arrays"]}
+    sharded = [k for k, s in shards.items() if s]
+    assert sharded  # per-shard checksums from both processes
+    assert all(len(shards[k]) > 1 for k in sharded)
+
+    # a flipped byte in the Orbax data file the processes' databases were merged into
+    copy = tmp_path / "copy"
+    shutil.copytree(ckpt, copy)
+    data = max((copy / "arrays" / "d").iterdir(), key=lambda f: f.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    names = "|".join(re.escape(f"'{k}'") for k in shards)
+    with pytest.raises(jm.serialization.CorruptCheckpointError, match=names):
+        jm.load(copy)
+    time.sleep(0.05)  # let Orbax's other reads finish and be collected inside this test
+    gc.collect()
 
 
 # ------------------------------------------------------------------ init()

@@ -36,6 +36,13 @@ def save(
     one; the next save to ``path`` tidies up what the killed one left.
     (Orbax's own ``force=True`` deletes the old checkpoint before writing.)
 
+    In a job of several ``jax.distributed`` processes, every process calls
+    ``save`` with the same ``obj`` structure and the same ``path`` on a shared
+    filesystem: each writes only the shards it holds (nothing is gathered),
+    and process 0 commits once all are on disk. A process that fails before
+    the others reach the next collective leaves them waiting for it, as with
+    any collective.
+
     Args:
         obj: what to save; numpy scalars are saved as 0-d arrays.
         path: a directory to create, or a ``.safetensors`` file.
@@ -122,7 +129,9 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
             ``{"fc.weight": NamedSharding(mesh, P("model"))}``; with a tuple,
             ``(default, {key: placement})``); a key the file lacks raises.
             Default: the device of the enclosing ``with jm.device(...)``
-            block (not ``"meta"``), else JAX's default device.
+            block (not ``"meta"``), else JAX's default device (this
+            process's first device, in a job of several processes: each
+            loads a whole copy, as ``torch.load`` does).
         verify: check checksums (jm's checkpoints and jm-written safetensors).
             Verification reads arrays back to host memory: free on the CPU,
             one device-to-host copy on accelerators.

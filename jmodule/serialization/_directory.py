@@ -8,11 +8,19 @@ Layout of a committed checkpoint ``ckpt/``::
                          CRC-32, user metadata; written last, SHA-256 guarded
 
 Zero-size arrays (which Orbax refuses) live only in ``jmodule.json``.
+
+In a job of several ``jax.distributed`` processes every process calls
+``jm.save`` with the same path on a shared filesystem: the staging directory
+is named by process 0, each process writes (through Orbax) and checksums only
+the shards it holds, the checksum tables are gathered, and process 0 writes
+``jmodule.json`` and commits once every process's data is on disk. Loading
+checks, in each process, the saved shards its own shards cover.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from pathlib import Path
@@ -107,15 +115,19 @@ def _checker():
     return ocp, ocp.Checkpointer(handler)
 
 
-def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) -> Path:
-    """Write ``prepared`` as a committed checkpoint at ``path``; see the module docstring.
+def multiprocess() -> bool:
+    """Whether this is one of several ``jax.distributed`` processes (starts no backend if not)."""
+    return jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def _prepare_target(final: Path, overwrite: bool) -> None:
+    """Create ``final``'s parent, repair leftovers, check ``final`` may be written.
 
     Raises:
-        CheckpointExistsError: ``path`` exists and ``overwrite`` is false.
+        CheckpointExistsError: ``final`` exists and ``overwrite`` is false.
         CheckpointError: ``overwrite`` would delete something that is not a
             jm checkpoint.
     """
-    final = Path(os.path.abspath(os.fspath(path)))
     final.parent.mkdir(parents=True, exist_ok=True)
     _atomic.repair(final)
     if final.exists() or final.is_symlink():
@@ -129,6 +141,20 @@ def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) 
                 f"refusing to overwrite '{final}': it is not a jmodule checkpoint (no "
                 f"{_metafile.NAME} inside). Remove it yourself if you mean to replace it."
             )
+
+
+def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) -> Path:
+    """Write ``prepared`` as a committed checkpoint at ``path``; see the module docstring.
+
+    Raises:
+        CheckpointExistsError: ``path`` exists and ``overwrite`` is false.
+        CheckpointError: ``overwrite`` would delete something that is not a
+            jm checkpoint.
+    """
+    final = Path(os.path.abspath(os.fspath(path)))
+    if multiprocess():
+        return _write_processes(prepared, final, overwrite)
+    _prepare_target(final, overwrite)
     tag = _atomic.new_tag()
     staging = _atomic.sibling(final, "tmp", tag)
     staging.mkdir()
@@ -155,29 +181,226 @@ def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) 
                 checkpointer.save(staging / ARRAYS, args=ocp.args.PyTreeSave(stored))
             finally:
                 checkpointer.close()
-        entries = [
-            {
-                "key": key,
-                "dtype": jnp.dtype(x.dtype).name,
-                "shape": list(x.shape),
-                "crc32": crc,
-                "stored": f"a{i}" if x.size > 0 else None,
-                **({} if shards is None else {"shards": shards}),
-            }
-            for i, (key, x, crc, shards) in enumerate(zip(prepared.keys, arrays, crcs, shard_crcs))
-        ]
-        body = {
-            "format": FORMAT,
-            "tree": prepared.tree,
-            "arrays": entries,
-            "metadata": prepared.metadata,
-            "jax_version": jax.__version__,
-        }
-        _metafile.write(staging, body)
+        _metafile.write(staging, _body(prepared, crcs, shard_crcs))
         _atomic.fsync_tree(staging)
         _atomic.commit(staging, final, tag, replace=final.exists() or final.is_symlink())
     except BaseException:
         _atomic.rmtree(staging)
+        raise
+    return final
+
+
+def _body(prepared: Prepared, crcs: list[str], shard_crcs: list[list | None]) -> dict:
+    """The contents of ``jmodule.json`` for ``prepared`` with these checksums."""
+    entries = [
+        {
+            "key": key,
+            "dtype": jnp.dtype(x.dtype).name,
+            "shape": list(x.shape),
+            "crc32": crc,
+            "stored": f"a{i}" if x.size > 0 else None,
+            **({} if shards is None else {"shards": shards}),
+        }
+        for i, (key, x, crc, shards) in enumerate(
+            zip(prepared.keys, prepared.arrays, crcs, shard_crcs)
+        )
+    ]
+    return {
+        "format": FORMAT,
+        "tree": prepared.tree,
+        "arrays": entries,
+        "metadata": prepared.metadata,
+        "jax_version": jax.__version__,
+    }
+
+
+# ------------------------------------------------------------------ several processes
+
+
+def _broadcast_text(text: str) -> str:
+    """Process 0's ``text``, in every process (two small collectives)."""
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(text.encode(), np.uint8)
+    n = int(multihost_utils.broadcast_one_to_all(np.array(len(data), np.int32)))
+    buf = np.zeros(n, np.uint8)
+    if jax.process_index() == 0:
+        buf[:] = data
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode()
+
+
+def _all_agree(ok: bool) -> bool:
+    """Whether ``ok`` holds in every process (a collective; also a barrier)."""
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.array([int(ok)], np.int32))
+    return bool(np.all(np.asarray(flags)))
+
+
+def _leader_step(step: Any) -> dict:
+    """Run ``step()`` (returning a JSON-able dict) in process 0; its outcome in every process.
+
+    Returns:
+        ``{"error": None, **step()}``, or ``{"error": kind, "message": text}``
+        if ``step`` raised there (process 0 then re-raises its own exception).
+    """
+    outcome: dict = {}
+    failure: BaseException | None = None
+    if jax.process_index() == 0:
+        try:
+            outcome = {"error": None, **step()}
+        except Exception as e:
+            failure = e
+            kind = "exists" if isinstance(e, CheckpointExistsError) else "other"
+            outcome = {"error": kind, "message": f"{type(e).__name__}: {e}"}
+    outcome = json.loads(_broadcast_text(json.dumps(outcome)))
+    if failure is not None:
+        raise failure
+    return outcome
+
+
+def _leader_error(outcome: dict, final: Path) -> Exception:
+    if outcome["error"] == "exists":
+        return CheckpointExistsError(f"(on process 0) {outcome['message']}")
+    return CheckpointError(f"saving '{final}' failed on process 0: {outcome['message']}")
+
+
+def _regions(x: Any) -> list[tuple] | None:
+    """The distinct shard bounds of a multi-process sharded ``x``, in global device order."""
+    if not isinstance(x, jax.Array) or x.sharding.is_fully_replicated:
+        return None
+    seen: dict[tuple, None] = {}
+    for index in x.sharding.devices_indices_map(x.shape).values():
+        seen.setdefault(_bounds(index, x.shape), None)
+    return list(seen)
+
+
+def _bounds(index: tuple, shape: tuple) -> tuple:
+    return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
+
+
+def _global_checksums(arrays: list[Any]) -> tuple[list[str], list[list | None]]:
+    """Whole-array and per-shard checksums of ``arrays``, gathered from every process.
+
+    Each distinct shard is checksummed by the one process holding its
+    ``replica_id == 0`` copy; whole arrays (numpy, replicated) by process 0.
+    """
+    from jax.experimental import multihost_utils
+
+    leader = jax.process_index() == 0
+    regions = [_regions(x) for x in arrays]
+    slots, work, at = [], [], 0
+    for x, rs in zip(arrays, regions):
+        if rs is None:
+            if leader:
+                data = x.addressable_data(0) if isinstance(x, jax.Array) else x
+                slots.append(at)
+                work.append(data)
+            at += 1
+            continue
+        where = {b: at + i for i, b in enumerate(rs)}
+        for shard in x.addressable_shards:
+            if shard.replica_id == 0:
+                slots.append(where[_bounds(shard.index, x.shape)])
+                work.append(shard.data)
+        at += len(rs)
+    table = np.zeros((max(at, 1), 2), np.uint32)  # (have, crc) per region
+    for slot, crc in zip(slots, _checksum.crc32_many(work)()):
+        table[slot] = (1, int(crc.removeprefix("crc32:"), 16))
+    gathered = np.asarray(multihost_utils.process_allgather(table)).reshape(-1, *table.shape)
+    have = gathered[..., 0].sum(axis=0)
+    if at and not np.all(have[:at] == 1):
+        raise CheckpointError(
+            "the processes do not agree on which of them holds which shard of the arrays "
+            f"being saved ({int(np.sum(have[:at] != 1))} shard(s) held by none or several); "
+            "do all processes call jm.save with the same object?"
+        )
+    crc_of = [f"crc32:{int(c):08x}" for c in gathered[..., 1].sum(axis=0, dtype=np.uint64)]
+    crcs, shard_crcs, at = [], [], 0
+    for rs in regions:
+        if rs is None:
+            crcs.append(crc_of[at])
+            shard_crcs.append(None)
+            at += 1
+        else:
+            crcs.append("per shard")
+            shard_crcs.append([[b, crc_of[at + i]] for i, b in enumerate(rs)])
+            at += len(rs)
+    return crcs, shard_crcs
+
+
+def _fsync_own(root: Path) -> None:
+    """Flush what this process wrote under ``root``: its Orbax ``ocdbt.process_<i>``
+    directory, and (process 0) everything outside such directories."""
+    me = f"ocdbt.process_{jax.process_index()}"
+    for dirpath, dirnames, filenames in os.walk(root):
+        part = Path(dirpath).relative_to(root).parts
+        owner = next((p for p in part if p.startswith("ocdbt.process_")), None)
+        if owner is None and jax.process_index() != 0:
+            continue
+        if owner is not None and owner != me:
+            dirnames.clear()
+            continue
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _atomic.fsync_dir(Path(dirpath))
+
+
+def _write_processes(prepared: Prepared, final: Path, overwrite: bool) -> Path:
+    """:func:`write`, called by every process of a multi-process job with the same path."""
+    leader = jax.process_index() == 0
+
+    def start() -> dict:
+        _prepare_target(final, overwrite)
+        tag = _atomic.new_tag()
+        _atomic.sibling(final, "tmp", tag).mkdir()
+        return {"tag": tag, "replace": final.exists() or final.is_symlink()}
+
+    outcome = _leader_step(start)
+    if outcome["error"] is not None:
+        raise _leader_error(outcome, final)
+    tag, replace = outcome["tag"], outcome["replace"]
+    staging = _atomic.sibling(final, "tmp", tag)
+    # Arrays each process holds whole (numpy, single-device) are saved from process
+    # 0's copy, as Orbax saves numpy arrays; as jax arrays every process would write them.
+    arrays = [
+        np.asarray(x) if isinstance(x, jax.Array) and x.is_fully_addressable else x
+        for x in prepared.arrays
+    ]
+    prepared = dataclasses.replace(prepared, arrays=arrays)
+    try:
+        crcs, shard_crcs = _global_checksums(arrays)
+        stored = {f"a{i}": x for i, x in enumerate(arrays) if x.size > 0}
+        if stored:
+            ocp, checkpointer = _checker()
+            try:
+                checkpointer.save(staging / ARRAYS, args=ocp.args.PyTreeSave(stored))
+            finally:
+                checkpointer.close()
+        ok = True
+        try:
+            _fsync_own(staging)
+        except OSError:
+            ok = False
+        if not _all_agree(ok):
+            raise CheckpointError(f"flushing '{staging}' to disk failed in some process")
+
+        def finish() -> dict:
+            _metafile.write(staging, _body(prepared, crcs, shard_crcs))
+            _atomic.fsync_dir(staging)
+            _atomic.commit(staging, final, tag, replace=replace)
+            return {}
+
+        outcome = _leader_step(finish)
+        if outcome["error"] is not None:
+            raise _leader_error(outcome, final)
+    except BaseException:
+        if leader:
+            _atomic.rmtree(staging)
         raise
     return final
 
@@ -208,9 +431,8 @@ def _pieces(x: Any, key: str) -> tuple[list, list] | None:
         return None
     if not x.is_fully_addressable:
         raise CheckpointError(
-            f"cannot save '{key}': it is sharded over devices of several processes, and "
-            "jm.save writes from one process. Gather it first (jax.experimental.multihost_utils"
-            ".process_allgather) or save per process."
+            f"cannot save '{key}': it is sharded over devices of several processes, but "
+            "jax.distributed is not initialized in this process (jm.distributed.init())."
         )
     seen: dict[tuple, Any] = {}
     for shard in x.addressable_shards:
@@ -307,24 +529,89 @@ def _read_arrays(src: Path, entries: list[_Entry], place: Placement) -> dict[str
     return restored
 
 
+def _contains(box: tuple, region: tuple) -> bool:
+    return all(a <= c and d <= b for (a, b), (c, d) in zip(box, region))
+
+
+def _gather_region(x: jax.Array, region: tuple) -> jax.Array:
+    """``x[region]`` replicated on ``x``'s devices (a collective: every process calls it)."""
+    devices = np.array(sorted(x.sharding.device_set, key=lambda d: (d.process_index, d.id)))
+    everywhere = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(devices, ("all",)), jax.sharding.PartitionSpec()
+    )
+    index = tuple(slice(a, b) for a, b in region)
+    return jax.jit(lambda a: a[index], out_shardings=everywhere)(x)
+
+
+def _spread_checks(x: jax.Array, regions: tuple) -> list[tuple[Any, str]]:
+    """``(data, crc)`` pairs this process checks for ``x``, which spans several processes.
+
+    Each saved region is checked once, by the process of the first device (in
+    the sharding's global order) whose shard contains it, on that shard's
+    data. A region no single shard contains (the new sharding cuts across the
+    saved shards) is gathered, replicated, with a collective and checked by
+    process 0.
+    """
+    boxes = [(d, _bounds(i, x.shape)) for d, i in x.sharding.devices_indices_map(x.shape).items()]
+    local = {s.device: s for s in x.addressable_shards}
+    me = jax.process_index()
+    out = []
+    for bounds, crc in regions:
+        want = bounds if bounds is not None else tuple((0, n) for n in x.shape)
+        owner = next(((d, box) for d, box in boxes if _contains(box, want)), None)
+        if owner is None:
+            whole = _gather_region(x, want)
+            if me == 0:
+                out.append((whole.addressable_data(0), crc))
+        elif owner[0].process_index == me:
+            data, box = local[owner[0]].data, owner[1]
+            if box != want:
+                data = data[tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(want, box))]
+            out.append((data, crc))
+    return out
+
+
 def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
     """Compare each array (or each saved shard's region of it) with its saved checksum.
 
     A saved shard is checked on its region of the restored array, whatever
-    its new sharding: only that region comes to the host.
+    its new sharding: only that region comes to the host. Arrays spread over
+    several processes are checked shard by shard where their shards are (see
+    :func:`_spread_checks`), and every process learns of every mismatch.
+
+    Raises:
+        CorruptCheckpointError: naming the arrays whose data or shape is wrong.
     """
-    bad, work, owners = [], [], []
-    for e, x in zip(entries, values):
+    problems: dict[int, str] = {}
+    work, owners = [], []
+    for i, (e, x) in enumerate(zip(entries, values)):
         if tuple(x.shape) != e.shape or np.dtype(x.dtype) != e.dtype:
-            bad.append(f"{e.key} (read {tuple(x.shape)} {x.dtype}, saved {e.shape} {e.dtype})")
+            problems[i] = f"{e.key} (read {tuple(x.shape)} {x.dtype}, saved {e.shape} {e.dtype})"
             continue
-        for bounds, crc in e.shards or ((None, e.crc32),):
-            work.append(x if bounds is None else x[tuple(slice(a, b) for a, b in bounds)])
-            owners.append((e.key, crc))
+        regions = e.shards or ((None, e.crc32),)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            checks = _spread_checks(x, regions)
+        else:
+            checks = [
+                (x if b is None else x[tuple(slice(lo, hi) for lo, hi in b)], crc)
+                for b, crc in regions
+            ]
+        for data, crc in checks:
+            work.append(data)
+            owners.append((i, crc))
     crcs = _checksum.crc32_many(work)()
-    for (key, want), got in zip(owners, crcs):
-        if got != want and key not in bad:
-            bad.append(key)
+    for (i, want), got in zip(owners, crcs):
+        if got != want:
+            problems.setdefault(i, entries[i].key)
+    if multiprocess():
+        from jax.experimental import multihost_utils
+
+        flags = np.zeros(max(len(entries), 1), np.int32)
+        flags[list(problems)] = 1
+        seen = np.asarray(multihost_utils.process_allgather(flags)).reshape(-1, len(flags))
+        for i in np.flatnonzero(seen.max(axis=0)[: len(entries)]):
+            problems.setdefault(int(i), entries[int(i)].key)
+    bad = [problems[i] for i in sorted(problems)]
     if bad:
         named = ", ".join(f"'{k}'" for k in bad[:_MAX_NAMED])
         more = f" and {len(bad) - _MAX_NAMED} more" if len(bad) > _MAX_NAMED else ""

@@ -52,7 +52,7 @@ def _default_place() -> Any:
         return configured
     if configured is not None:
         return _device.resolve(configured)
-    return jax.devices()[0]
+    return jax.local_devices()[0]  # this process's own, in a job of several
 
 
 _PER_KEY = (
