@@ -143,6 +143,16 @@ def _prepare_target(final: Path, overwrite: bool) -> None:
             )
 
 
+def _save_arrays(staging: Path, stored: dict[str, Any]) -> None:
+    """Write ``stored`` (name -> array) as the Orbax checkpoint ``staging/arrays``."""
+    if stored:
+        ocp, checkpointer = _checker()
+        try:
+            checkpointer.save(staging / ARRAYS, args=ocp.args.PyTreeSave(stored))
+        finally:
+            checkpointer.close()
+
+
 def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) -> Path:
     """Write ``prepared`` as a committed checkpoint at ``path``; see the module docstring.
 
@@ -175,12 +185,7 @@ def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) 
             table = None if p is None else [[b, c] for b, c in zip(p[0], flat[at : at + n])]
             shard_crcs.append(table)
             at += n
-        if stored:
-            ocp, checkpointer = _checker()
-            try:
-                checkpointer.save(staging / ARRAYS, args=ocp.args.PyTreeSave(stored))
-            finally:
-                checkpointer.close()
+        _save_arrays(staging, stored)
         _metafile.write(staging, _body(prepared, crcs, shard_crcs))
         _atomic.fsync_tree(staging)
         _atomic.commit(staging, final, tag, replace=final.exists() or final.is_symlink())
@@ -342,11 +347,7 @@ def _fsync_own(root: Path) -> None:
             dirnames.clear()
             continue
         for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _atomic.fsync_file(os.path.join(dirpath, name))
         _atomic.fsync_dir(Path(dirpath))
 
 
@@ -375,12 +376,7 @@ def _write_processes(prepared: Prepared, final: Path, overwrite: bool) -> Path:
     try:
         crcs, shard_crcs = _global_checksums(arrays)
         stored = {f"a{i}": x for i, x in enumerate(arrays) if x.size > 0}
-        if stored:
-            ocp, checkpointer = _checker()
-            try:
-                checkpointer.save(staging / ARRAYS, args=ocp.args.PyTreeSave(stored))
-            finally:
-                checkpointer.close()
+        _save_arrays(staging, stored)
         ok = True
         try:
             _fsync_own(staging)
