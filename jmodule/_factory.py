@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jmodule import device as _device
 
@@ -27,7 +28,22 @@ def empty(shape: tuple[int, ...], dtype: Any = None, device: Any = None) -> Any:
     place = placement(device)
     if isinstance(place, _device.device):
         return jax.ShapeDtypeStruct(tuple(shape), dtype)
+    if place is None and _default_platform() == "cpu":
+        # Host zeros, uncommitted like jnp.zeros: jnp.zeros compiles a program per shape
+        # (tens of ms each on a CPU), which dominated building a model of many shapes.
+        return jax.device_put(np.zeros(shape, dtype))
+    if isinstance(place, jax.Device) and place.platform == "cpu":
+        return jax.device_put(np.zeros(shape, dtype), place)
     return jnp.zeros(shape, dtype, device=place)
+
+
+def _default_platform() -> str:
+    configured = jax.config.jax_default_device
+    if isinstance(configured, jax.Device):
+        return configured.platform
+    if isinstance(configured, str):
+        return configured
+    return jax.devices()[0].platform
 
 
 def full(shape: tuple[int, ...], value: Any, dtype: Any = None, device: Any = None) -> Any:

@@ -1,8 +1,11 @@
 """jm.manual_seed, jm.Generator: initialisation and dropout draw from them."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 
 import jmodule as jm
@@ -67,3 +70,53 @@ def test_dropout_eager_draws_fresh_masks_and_respects_eval():
 def test_default_generator_key_is_a_plain_array():
     key = jm.random.default_generator.get_state()
     assert isinstance(key, jax.Array) and key.dtype == jnp.uint32
+
+
+# Elementwise initialisers draw through one program per size bucket (jm.nn.init._bucket)
+# and keep the first prod(shape) values: the same values as drawing the shape itself.
+SHAPES = [(), (0,), (1,), (7,), (1024,), (1025,), (3, 5), (65, 64), (2, 3, 4, 5), (300, 301)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_elementwise_inits_equal_a_direct_draw_of_the_shape(shape, dtype):
+    def draw(fill, direct):
+        p = jm.nn.Parameter(jnp.zeros(shape, dtype))
+        fill(p, jm.Generator().manual_seed(7))
+        key = jm.Generator().manual_seed(7).next_key()
+        want = direct(key)
+        assert p.data.dtype == dtype and p.data.shape == shape
+        # one fused program instead of op-by-op: float32 results may differ in the last bit
+        tol = {"rtol": 1e-6, "atol": 1e-6} if dtype == jnp.float32 else {"rtol": 2**-7}
+        np.testing.assert_allclose(
+            np.asarray(p.data, np.float32), np.asarray(want, np.float32), **tol
+        )
+
+    f32 = jnp.float32
+    draw(
+        lambda p, g: init.uniform_(p, -0.5, 2.0, generator=g),
+        lambda k: jax.random.uniform(k, shape, f32, -0.5, 2.0).astype(dtype),
+    )
+    draw(
+        lambda p, g: init.normal_(p, 0.5, 3.0, generator=g),
+        lambda k: (0.5 + 3.0 * jax.random.normal(k, shape, f32)).astype(dtype),
+    )
+    draw(
+        lambda p, g: init.trunc_normal_(p, 0.0, 2.0, -1.0, 3.0, generator=g),
+        lambda k: (2.0 * jax.random.truncated_normal(k, -0.5, 1.5, shape, f32)).astype(dtype),
+    )
+    p = init.constant_(jm.nn.Parameter(jnp.ones(shape, dtype)), 0.25)
+    np.testing.assert_array_equal(np.asarray(p.data, np.float32), np.full(shape, 0.25))
+
+
+def test_building_a_model_of_many_shapes_compiles_one_random_program_per_bucket():
+    init._flat_program.cache_clear()
+    widths = range(64, 84)
+    model = jm.nn.Sequential(*[jm.nn.Linear(w, w + 1) for w in widths])
+    sizes = {init._bucket(w * (w + 1)) for w in widths} | {init._bucket(w + 1) for w in widths}
+    # kaiming_uniform_ (weights) and uniform_ (biases): one program per bucket, not per shape
+    assert init._flat_program.cache_info().currsize == len(sizes) < 2 * len(widths)
+    for layer, w in zip(model, widths):
+        bound = 1 / math.sqrt(w)
+        assert layer.weight.shape == (w + 1, w) and not layer.weight.data.committed
+        assert float(jnp.max(jnp.abs(layer.bias.data))) <= bound
