@@ -42,6 +42,7 @@ from jmodule.nn.modules import ConvTranspose1d as ConvTranspose1d
 from jmodule.nn.modules import ConvTranspose2d as ConvTranspose2d
 from jmodule.nn.modules import ConvTranspose3d as ConvTranspose3d
 from jmodule.nn.modules import CosineEmbeddingLoss as CosineEmbeddingLoss
+from jmodule.nn.modules import CosineSimilarity as CosineSimilarity
 from jmodule.nn.modules import CrossEntropyLoss as CrossEntropyLoss
 from jmodule.nn.modules import CTCLoss as CTCLoss
 from jmodule.nn.modules import Dropout as Dropout
@@ -52,12 +53,14 @@ from jmodule.nn.modules import Embedding as Embedding
 from jmodule.nn.modules import EmbeddingBag as EmbeddingBag
 from jmodule.nn.modules import FeatureAlphaDropout as FeatureAlphaDropout
 from jmodule.nn.modules import Flatten as Flatten
+from jmodule.nn.modules import GaussianNLLLoss as GaussianNLLLoss
 from jmodule.nn.modules import GroupNorm as GroupNorm
 from jmodule.nn.modules import GRUCell as GRUCell
 from jmodule.nn.modules import Hardshrink as Hardshrink
 from jmodule.nn.modules import Hardsigmoid as Hardsigmoid
 from jmodule.nn.modules import Hardswish as Hardswish
 from jmodule.nn.modules import Hardtanh as Hardtanh
+from jmodule.nn.modules import HingeEmbeddingLoss as HingeEmbeddingLoss
 from jmodule.nn.modules import HuberLoss as HuberLoss
 from jmodule.nn.modules import Identity as Identity
 from jmodule.nn.modules import IncompatibleKeys as IncompatibleKeys
@@ -83,11 +86,16 @@ from jmodule.nn.modules import ModuleDict as ModuleDict
 from jmodule.nn.modules import ModuleList as ModuleList
 from jmodule.nn.modules import MSELoss as MSELoss
 from jmodule.nn.modules import MultiheadAttention as MultiheadAttention
+from jmodule.nn.modules import MultiLabelMarginLoss as MultiLabelMarginLoss
+from jmodule.nn.modules import MultiLabelSoftMarginLoss as MultiLabelSoftMarginLoss
+from jmodule.nn.modules import MultiMarginLoss as MultiMarginLoss
 from jmodule.nn.modules import NLLLoss as NLLLoss
+from jmodule.nn.modules import PairwiseDistance as PairwiseDistance
 from jmodule.nn.modules import ParameterDict as ParameterDict
 from jmodule.nn.modules import ParameterList as ParameterList
 from jmodule.nn.modules import PixelShuffle as PixelShuffle
 from jmodule.nn.modules import PixelUnshuffle as PixelUnshuffle
+from jmodule.nn.modules import PoissonNLLLoss as PoissonNLLLoss
 from jmodule.nn.modules import PReLU as PReLU
 from jmodule.nn.modules import ReflectionPad1d as ReflectionPad1d
 from jmodule.nn.modules import ReflectionPad2d as ReflectionPad2d
@@ -107,6 +115,7 @@ from jmodule.nn.modules import Sequential as Sequential
 from jmodule.nn.modules import Sigmoid as Sigmoid
 from jmodule.nn.modules import SiLU as SiLU
 from jmodule.nn.modules import SmoothL1Loss as SmoothL1Loss
+from jmodule.nn.modules import SoftMarginLoss as SoftMarginLoss
 from jmodule.nn.modules import Softmax as Softmax
 from jmodule.nn.modules import Softmax2d as Softmax2d
 from jmodule.nn.modules import Softmin as Softmin
@@ -123,6 +132,7 @@ from jmodule.nn.modules import TransformerDecoderLayer as TransformerDecoderLaye
 from jmodule.nn.modules import TransformerEncoder as TransformerEncoder
 from jmodule.nn.modules import TransformerEncoderLayer as TransformerEncoderLayer
 from jmodule.nn.modules import TripletMarginLoss as TripletMarginLoss
+from jmodule.nn.modules import TripletMarginWithDistanceLoss as TripletMarginWithDistanceLoss
 from jmodule.nn.modules import Unflatten as Unflatten
 from jmodule.nn.modules import Upsample as Upsample
 from jmodule.nn.modules import UpsamplingBilinear2d as UpsamplingBilinear2d

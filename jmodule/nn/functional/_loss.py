@@ -14,7 +14,9 @@ compiled code they cannot raise.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,6 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
 
+from jmodule.nn.functional._misc import (
+    _broadcast_shapes,
+    _clamp_min_straight_through,
+    pairwise_distance,
+)
 from jmodule.nn.functional._utils import compute_dtype, concrete
 from jmodule.nn.parameter import as_array
 
@@ -31,14 +38,22 @@ __all__ = [
     "cosine_embedding_loss",
     "cross_entropy",
     "ctc_loss",
+    "gaussian_nll_loss",
+    "hinge_embedding_loss",
     "huber_loss",
     "kl_div",
     "l1_loss",
     "margin_ranking_loss",
     "mse_loss",
+    "multi_margin_loss",
+    "multilabel_margin_loss",
+    "multilabel_soft_margin_loss",
     "nll_loss",
+    "poisson_nll_loss",
     "smooth_l1_loss",
+    "soft_margin_loss",
     "triplet_margin_loss",
+    "triplet_margin_with_distance_loss",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -233,6 +248,98 @@ def huber_loss(
                 f"input {tuple(x.shape)}."
             )
         loss = loss * w.astype(loss.dtype)
+    return _reduce(loss, reduction).astype(dtype)
+
+
+def poisson_nll_loss(
+    input: Any,
+    target: Any,
+    log_input: bool = True,
+    full: bool = False,
+    size_average: bool | None = None,
+    eps: float = 1e-8,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Poisson negative log-likelihood, as ``torch.nn.functional.poisson_nll_loss``.
+
+    ``exp(input) - target * input`` with ``log_input`` (the input is the log
+    of the rate), else ``input - target * log(input + eps)``. ``full`` adds
+    Stirling's approximation ``t log t - t + log(2 pi t) / 2`` where
+    ``target > 1`` (nothing elsewhere), as PyTorch does. Shapes broadcast.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.poisson_nll_loss(jnp.zeros(2), jnp.array([1.0, 2.0]), reduction="none")
+    Array([1., 1.], dtype=float32)
+    """
+    reduction = _reduction(size_average, reduce, reduction)
+    (x, y), _, dtype = _float(input, target)
+    _broadcast_shapes(y.shape, x.shape)
+    loss = jnp.exp(x) - y * x if log_input else x - y * jnp.log(x + eps)
+    if full:
+        counted = y > 1
+        t = jnp.where(counted, y, 2)  # finite (and gradient-safe) where masked out
+        stirling = t * jnp.log(t) - t + 0.5 * jnp.log(2 * math.pi * t)
+        loss = loss + jnp.where(counted, stirling, 0)
+    return _reduce(loss, reduction).astype(dtype)
+
+
+def gaussian_nll_loss(
+    input: Any,
+    target: Any,
+    var: Any,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Gaussian negative log-likelihood, as ``torch.nn.functional.gaussian_nll_loss``.
+
+    ``0.5 (log(var) + (input - target)² / var)`` (plus ``0.5 log(2 pi)`` with
+    ``full``), with ``var`` clamped below at ``eps``; as in PyTorch the clamp
+    passes gradients through unchanged.
+
+    Args:
+        input: the expected means ``(N, *)`` or ``(*)``.
+        target: samples, broadcast against ``input``.
+        var: variances: a number, the input's shape, the input's shape without
+            its last dimension, or the input's shape with one dimension of
+            size 1 (a shared variance), as PyTorch accepts.
+        full: add the constant term.
+        eps: the clamp's lower bound.
+        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+
+    Raises:
+        ValueError: a negative variance (checked when not traced), a ``var`` of
+            another shape, or an unknown ``reduction``.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.gaussian_nll_loss(jnp.array([1.0, 2.0]), jnp.array([1.0, 0.0]), 2.0).round(4)
+    Array(0.8466, dtype=float32)
+    """
+    if isinstance(var, (int, float)) and not isinstance(var, bool):
+        if var < 0:
+            raise ValueError("var has negative entry/entries")
+        (x, y), compute, dtype = _float(input, target)
+        v = jnp.full(x.shape, var, compute)
+    else:
+        (x, y, v), compute, dtype = _float(input, target, var)
+        values = concrete(as_array(var))
+        if values is not None and np.any(values < 0):
+            raise ValueError("var has negative entry/entries")
+    if v.shape != x.shape:
+        if x.shape[:-1] == v.shape:
+            v = v[..., None]
+        elif not (x.ndim == v.ndim and sum(m for n, m in zip(x.shape, v.shape) if n != m) == 1):
+            raise ValueError("var is of incorrect size")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not valid")
+    _broadcast_shapes(x.shape, y.shape)
+    v = _clamp_min_straight_through(v, eps)
+    loss = 0.5 * (jnp.log(v) + jnp.square(x - y) / v)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
     return _reduce(loss, reduction).astype(dtype)
 
 
@@ -533,7 +640,248 @@ def kl_div(
     return out.astype(dtype)
 
 
+def soft_margin_loss(
+    input: Any,
+    target: Any,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Two-class logistic loss ``log(1 + exp(-target * input))``, as PyTorch's.
+
+    ``target`` holds 1 / -1; shapes broadcast. Computed as a stable softplus,
+    so it stays finite where PyTorch's ``log1p(exp(...))`` overflows to inf.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.soft_margin_loss(jnp.zeros(2), jnp.array([1.0, -1.0])).round(4)
+    Array(0.6931, dtype=float32)
+    """
+    reduction = _reduction(size_average, reduce, reduction)
+    (x, y), _, dtype = _float(input, target)
+    _broadcast_shapes(x.shape, y.shape)
+    return _reduce(jax.nn.softplus(-x * y), reduction).astype(dtype)
+
+
+def multilabel_soft_margin_loss(
+    input: Any,
+    target: Any,
+    weight: Any = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Multi-label one-versus-all logistic loss, as ``F.multilabel_soft_margin_loss``.
+
+    Per sample, the mean over the ``C`` classes (the last axis) of
+    ``-(y log sigmoid(x) + (1 - y) log sigmoid(-x))``, each class scaled by
+    ``weight`` (broadcast) when given.
+
+    Args:
+        input: ``(N, C)`` or ``(C,)`` logits.
+        target: 0 / 1 labels, the input's shape.
+        weight: per-class (or broadcastable) weights.
+
+    Raises:
+        ValueError: an unknown ``reduction``.
+        IndexError: a 0-D input.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.multilabel_soft_margin_loss(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]])).round(4)
+    Array(0.6931, dtype=float32)
+    """
+    if size_average is not None or reduce is not None:
+        reduction = legacy_get_string(size_average, reduce)
+    elif reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not valid")
+    (x, y), compute, dtype = _float(input, target)
+    if x.ndim == 0:
+        raise IndexError("Dimension specified as -1 but tensor has no dimensions")
+    _broadcast_shapes(x.shape, y.shape)
+    loss = -(y * jax.nn.log_sigmoid(x) + (1 - y) * jax.nn.log_sigmoid(-x))
+    if weight is not None:
+        w = as_array(weight)
+        _broadcast_shapes(loss.shape, w.shape)
+        loss = loss * w.astype(compute)
+    loss = loss.sum(axis=-1) / x.shape[-1]
+    return _reduce(loss, reduction).astype(dtype)
+
+
+def _margin_shapes(x: jax.Array, t: jax.Array) -> tuple[int, int]:
+    """``(samples, classes)`` of a multi-class margin loss's input; PyTorch's checks."""
+    if not ((x.ndim <= 1 and x.size != 0) or (x.ndim == 2 and x.shape[1] != 0)):
+        raise RuntimeError(
+            "Expected non-empty vector or matrix with optional 0-dim batch size, but got: "
+            f"{list(x.shape)}"
+        )
+    if not jnp.issubdtype(t.dtype, jnp.integer):
+        raise RuntimeError(
+            f"expected scalar type Long but found {t.dtype} (any integer dtype is accepted)"
+        )
+    return (1, x.size) if x.ndim <= 1 else x.shape
+
+
+def multi_margin_loss(
+    input: Any,
+    target: Any,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Any = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Multi-class hinge loss, as ``torch.nn.functional.multi_margin_loss``.
+
+    Per sample, ``sum_{i != y} w[y] max(0, margin - x[y] + x[i])^p / C``.
+
+    Args:
+        input: ``(N, C)`` or ``(C,)`` scores.
+        target: class indices ``(N,)``, or ``()`` / ``(1,)`` for a ``(C,)``
+            input (any integer dtype).
+        p: 1 or 2.
+        margin: the margin.
+        weight: per-class weights ``(C,)``, picked by each sample's target.
+        reduction: ``"mean"`` averages over the samples.
+
+    Raises:
+        ValueError: ``p`` not 1 or 2, or a ``weight`` that is not 1-D.
+        RuntimeError: shapes that do not fit, a float target, or (checked
+            when not traced) a target outside ``[0, C)`` (PyTorch's messages).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.multi_margin_loss(jnp.array([[0.1, 0.2, 0.4, 0.8]]), jnp.array([3]))
+    Array(0.325, dtype=float32)
+    """
+    reduction = _reduction(size_average, reduce, reduction)
+    if p not in (1, 2):
+        raise ValueError("only p == 1 and p == 2 supported")
+    if weight is not None and as_array(weight).ndim != 1:
+        raise ValueError("weight must be one-dimensional")
+    (x,), compute, dtype = _float(input)
+    t = as_array(target)
+    samples, classes = _margin_shapes(x, t)
+    if t.ndim > 1 or t.size != samples:
+        raise RuntimeError(
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of "
+            f"input samples (batch size). Expected target size [{samples}], but got "
+            f"{list(t.shape)}. Input has shape {list(x.shape)}."
+        )
+    if weight is not None and as_array(weight).size != classes:
+        raise RuntimeError(
+            f"inconsistent weight size, expected {classes} but got {list(as_array(weight).shape)}"
+        )
+    values = concrete(t)
+    if values is not None and np.any((values < 0) | (values >= classes)):
+        raise RuntimeError("target out of range")
+    w = None if weight is None else as_array(weight).astype(compute)
+    loss = _multi_margin(x.reshape(samples, classes), t.reshape(samples), w, p, margin)
+    return _reduce(loss.reshape(t.shape), reduction).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("p",))
+def _multi_margin(
+    xs: jax.Array, t: jax.Array, w: jax.Array | None, p: int, margin: float
+) -> jax.Array:
+    """Per-sample multi-class hinge loss of ``(N, C)`` scores (jitted: one program eagerly)."""
+    classes = xs.shape[1]
+    t = jnp.clip(t, 0, classes - 1)
+    z = margin - jnp.take_along_axis(xs, t[:, None], axis=1) + xs
+    h = jnp.where(z > 0, z, 0)  # PyTorch's kernel: no gradient at z == 0
+    if p == 2:
+        h = h * h
+    if w is not None:
+        h = h * w[t][:, None]
+    h = jnp.where(jnp.arange(classes) != t[:, None], h, 0)
+    return h.sum(axis=1) / classes
+
+
+def multilabel_margin_loss(
+    input: Any,
+    target: Any,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Multi-label hinge loss, as ``torch.nn.functional.multilabel_margin_loss``.
+
+    ``target`` lists each sample's classes, padded with -1: only the indices
+    before the first -1 count. Per sample,
+    ``sum_{j in targets} sum_{i not in targets} max(0, 1 - (x[j] - x[i])) / C``
+    (a repeated target counts each time, as in PyTorch).
+
+    Args:
+        input: ``(N, C)`` or ``(C,)`` scores.
+        target: integer indices of the input's shape.
+
+    Raises:
+        RuntimeError: shapes that do not fit, a float target, or (checked
+            when not traced) a target outside ``[-1, C)`` (PyTorch's messages).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> x = jnp.array([[0.1, 0.2, 0.4, 0.8]])
+    >>> round(float(F.multilabel_margin_loss(x, jnp.array([[3, 0, -1, 1]]))), 4)
+    0.85
+    """
+    reduction = _reduction(size_average, reduce, reduction)
+    (x,), _, dtype = _float(input)
+    t = as_array(target)
+    samples, classes = _margin_shapes(x, t)
+    fits = t.ndim <= 1 and t.size == classes if x.ndim <= 1 else t.shape == x.shape
+    if not fits:
+        raise RuntimeError(
+            f"inconsistent target size: {list(t.shape)} for input of size: {list(x.shape)}"
+        )
+    values = concrete(t)
+    if values is not None and np.any((values < -1) | (values >= classes)):
+        raise RuntimeError("argument #2 'target' is out of range")
+    loss = _multilabel_margin(x.reshape(samples, classes), t.reshape(samples, classes))
+    if t.ndim <= 1:
+        loss = loss.reshape(())
+    return _reduce(loss, reduction).astype(dtype)
+
+
+@jax.jit
+def _multilabel_margin(xs: jax.Array, t: jax.Array) -> jax.Array:
+    """Per-sample multi-label hinge loss of ``(N, C)`` scores (jitted: one program eagerly)."""
+    classes = xs.shape[1]
+    counted = jnp.cumprod((t >= 0).astype(jnp.int32), axis=1) > 0  # before the first -1
+    safe = jnp.where(counted, t, 0)
+    is_target = (counted[:, :, None] & (safe[:, :, None] == jnp.arange(classes))).any(axis=1)
+    z = 1 - jnp.take_along_axis(xs, safe, axis=1)[:, :, None] + xs[:, None, :]
+    h = jnp.where(counted[:, :, None] & ~is_target[:, None, :] & (z > 0), z, 0)
+    return h.sum(axis=(1, 2)) / classes
+
+
 # ----------------------------------------------------------------------------- embeddings, ranking
+
+
+def hinge_embedding_loss(
+    input: Any,
+    target: Any,
+    margin: float = 1.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """``input`` where ``target == 1``, ``max(0, margin - input)`` where ``-1``, as PyTorch's.
+
+    Shapes broadcast. As in PyTorch, a target that is neither 1 nor -1 gets
+    both terms.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.hinge_embedding_loss(jnp.array([0.3, 0.3]), jnp.array([1, -1]), reduction="none")
+    Array([0.3, 0.7], dtype=float32)
+    """
+    reduction = _reduction(size_average, reduce, reduction)
+    (x, y), _, dtype = _float(input, target)
+    _broadcast_shapes(y.shape, x.shape)
+    loss = jnp.where(y != 1, jnp.maximum(margin - x, 0), 0) + jnp.where(y != -1, x, 0)
+    return _reduce(loss, reduction).astype(dtype)
 
 
 def cosine_embedding_loss(
@@ -607,18 +955,6 @@ def margin_ranking_loss(
     return _reduce(loss, reduction).astype(dtype)
 
 
-def _pairwise_distance(x1: jax.Array, x2: jax.Array, p: float, eps: float) -> jax.Array:
-    """PyTorch's ``pairwise_distance``: the ``p``-norm of ``x1 - x2 + eps`` over the last axis."""
-    d = x1 - x2 + eps
-    if p == 2:
-        return jnp.sqrt(jnp.sum(jnp.square(d), axis=-1))
-    if p == float("inf"):
-        return jnp.max(jnp.abs(d), axis=-1)
-    if p == 0:
-        return jnp.sum(d != 0, axis=-1).astype(d.dtype)
-    return jnp.sum(jnp.abs(d) ** p, axis=-1) ** (1.0 / p)
-
-
 def triplet_margin_loss(
     anchor: Any,
     positive: Any,
@@ -657,11 +993,65 @@ def triplet_margin_loss(
             f"of dimensions, but got: anchor {a.ndim}D, positive {pos.ndim}D, and negative "
             f"{neg.ndim}D inputs"
         )
-    d_pos = _pairwise_distance(a, pos, p, eps)
-    d_neg = _pairwise_distance(a, neg, p, eps)
+    d_pos = pairwise_distance(a, pos, p, eps)
+    d_neg = pairwise_distance(a, neg, p, eps)
     if swap:
-        d_neg = jnp.minimum(d_neg, _pairwise_distance(pos, neg, p, eps))
+        d_neg = jnp.minimum(d_neg, pairwise_distance(pos, neg, p, eps))
     loss = jnp.maximum(margin + d_pos - d_neg, 0)
+    return _reduce(loss, reduction).astype(dtype)
+
+
+def triplet_margin_with_distance_loss(
+    anchor: Any,
+    positive: Any,
+    negative: Any,
+    *,
+    distance_function: Callable[[Any, Any], jax.Array] | None = None,
+    margin: float = 1.0,
+    swap: bool = False,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Triplet loss with any distance, as ``F.triplet_margin_with_distance_loss``.
+
+    ``max(d(a, p) - d(a, n) + margin, 0)``.
+
+    Args:
+        anchor, positive, negative: arrays of one rank.
+        distance_function: ``(x1, x2) -> distances``; defaults to
+            :func:`pairwise_distance`. Any JAX-traceable function or module.
+        margin: a positive margin.
+        swap: use ``min(d(a, n), d(p, n))`` as the negative distance.
+        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+
+    Raises:
+        ValueError: an unknown ``reduction`` or a ``margin`` that is not positive.
+        RuntimeError: the inputs differ in rank.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> a = jnp.zeros((1, 2))
+    >>> F.triplet_margin_with_distance_loss(a, a + 1.0, a, distance_function=F.l1_loss)
+    Array(2., dtype=float32)
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if margin <= 0:
+        raise ValueError(f"margin must be greater than 0, got {margin}")
+    a, pos, neg = as_array(anchor), as_array(positive), as_array(negative)
+    if not a.ndim == pos.ndim == neg.ndim:
+        raise RuntimeError(
+            "The anchor, positive, and negative tensors are expected to have the same number "
+            f"of dimensions, but got: anchor {a.ndim}D, positive {pos.ndim}D, and negative "
+            f"{neg.ndim}D inputs"
+        )
+    distance = pairwise_distance if distance_function is None else distance_function
+    d_pos = as_array(distance(a, pos))
+    d_neg = as_array(distance(a, neg))
+    if swap:
+        d_neg = jnp.minimum(d_neg, as_array(distance(pos, neg)))
+    (d_pos, d_neg), _, dtype = _float(d_pos, d_neg)
+    gap = margin + d_pos - d_neg
+    loss = jnp.where(gap >= 0, gap, 0)  # PyTorch's clamp_min: the gradient passes at 0
     return _reduce(loss, reduction).astype(dtype)
 
 

@@ -1,5 +1,5 @@
-"""Padding, resampling, pixel shuffles, the bilinear form and channel-wise dropout,
-as in ``torch.nn.functional``."""
+"""Padding, resampling, pixel shuffles, the bilinear form, channel-wise dropout and
+distances (cosine similarity, pairwise and ``pdist``), as in ``torch.nn.functional``."""
 
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ __all__ = [
     "alpha_dropout",
     "bilinear",
     "channel_shuffle",
+    "cosine_similarity",
     "dropout1d",
     "dropout2d",
     "dropout3d",
     "feature_alpha_dropout",
     "interpolate",
     "pad",
+    "pairwise_distance",
+    "pdist",
     "pixel_shuffle",
     "pixel_unshuffle",
 ]
@@ -442,6 +445,158 @@ def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> jax.Arr
     if bias is not None:
         out = out + as_array(bias).astype(compute)
     return out.astype(dtype)
+
+
+# ----------------------------------------------------------------------------- distances
+
+
+def _broadcast_shapes(a: tuple, b: tuple) -> tuple[int, ...]:
+    """``a`` and ``b`` broadcast together, or PyTorch's error (``a`` is "tensor a")."""
+    ndim = max(len(a), len(b))
+    a = (1,) * (ndim - len(a)) + tuple(a)
+    b = (1,) * (ndim - len(b)) + tuple(b)
+    for i, (m, n) in enumerate(zip(a, b)):
+        if m != n and m != 1 and n != 1:
+            raise RuntimeError(
+                f"The size of tensor a ({m}) must match the size of tensor b ({n}) at "
+                f"non-singleton dimension {i}"
+            )
+    return tuple(n if m == 1 else m for m, n in zip(a, b))
+
+
+@jax.custom_jvp
+def _clamp_min_straight_through(x: jax.Array, low: Any) -> jax.Array:
+    """``max(x, low)`` whose gradient is the identity, as PyTorch's in-place clamp under no_grad."""
+    return jnp.maximum(x, low)
+
+
+@_clamp_min_straight_through.defjvp
+def _clamp_min_straight_through_jvp(primals: tuple, tangents: tuple) -> tuple:
+    x, low = primals
+    return jnp.maximum(x, low), tangents[0]
+
+
+def _check_dim(dim: int, ndim: int) -> int:
+    low, high = (-ndim, ndim - 1) if ndim else (-1, 0)
+    if not low <= dim <= high:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{low}, {high}], but got {dim})"
+        )
+    return dim % max(ndim, 1)
+
+
+def _vector_norm(d: jax.Array, p: float, axis: int, keepdim: bool = False) -> jax.Array:
+    """PyTorch's ``norm(d, p, axis)``, with its zero (not NaN) gradients at a zero vector."""
+    a = jnp.sign(d) * d  # |d| with PyTorch's gradient sign(d): 0 at 0
+    if p == math.inf:
+        return a.max(axis, keepdims=keepdim)
+    if p == -math.inf:
+        return a.min(axis, keepdims=keepdim)
+    if p == 0:
+        return (d != 0).sum(axis, keepdims=keepdim).astype(d.dtype)
+    if p == 1:
+        return a.sum(axis, keepdims=keepdim)
+    s = (jnp.square(d) if p == 2 else a**p).sum(axis, keepdims=keepdim)
+    if p < 0:
+        return s ** (1.0 / p)
+    positive = s > 0
+    safe = jnp.where(positive, s, 1)
+    root = jnp.sqrt(safe) if p == 2 else safe ** (1.0 / p)
+    return jnp.where(positive, root, 0)
+
+
+@jit("dim")
+def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-8) -> jax.Array:
+    """Cosine similarity along ``dim``, as ``torch.nn.functional.cosine_similarity``.
+
+    ``x1`` and ``x2`` broadcast together. As in PyTorch 2.x each norm is
+    clamped on its own, ``sum(x1 / max(|x1|, eps) * x2 / max(|x2|, eps))``
+    (not ``x1·x2 / max(|x1||x2|, eps)``), and the clamp passes gradients
+    through unchanged, as PyTorch's does.
+
+    Raises:
+        RuntimeError: shapes that do not broadcast, or integer inputs.
+        IndexError: ``dim`` out of range.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> x = jnp.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> F.cosine_similarity(x, jnp.array([[2.0, 0.0], [0.0, 2.0]])).round(4)
+    Array([1.    , 0.7071], dtype=float32)
+    """
+    x1, x2 = as_array(x1), as_array(x2)
+    dtype = jnp.result_type(x1, x2)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise RuntimeError(
+            f"expected common dtype to be floating point, yet common dtype is {dtype}"
+        )
+    shape = _broadcast_shapes(x1.shape, x2.shape)
+    axis = _check_dim(dim, len(shape))
+    compute = compute_dtype(dtype)
+    view = shape if shape else (1,)
+    x1 = jnp.broadcast_to(x1.astype(compute), shape).reshape(view)
+    x2 = jnp.broadcast_to(x2.astype(compute), shape).reshape(view)
+    n1 = _clamp_min_straight_through(_vector_norm(x1, 2, axis, keepdim=True), eps)
+    n2 = _clamp_min_straight_through(_vector_norm(x2, 2, axis, keepdim=True), eps)
+    out = ((x1 / n1) * (x2 / n2)).sum(axis)
+    return out.reshape(shape[:axis] + shape[axis + 1 :]).astype(dtype)
+
+
+@jit("p", "keepdim")
+def pairwise_distance(
+    x1: Any, x2: Any, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False
+) -> jax.Array:
+    """The ``p``-norm of ``x1 - x2 + eps`` over the last axis, as ``F.pairwise_distance``.
+
+    ``x1`` and ``x2`` broadcast together; ``p`` may be any real, ``inf`` or
+    ``-inf`` (``p=0`` counts the nonzero differences), as ``torch.norm``.
+    Integer inputs give float32 distances.
+
+    Raises:
+        RuntimeError: shapes that do not broadcast.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.pairwise_distance(jnp.array([[3.0, 4.0]]), jnp.zeros((1, 2)), eps=0.0)
+    Array([5.], dtype=float32)
+    """
+    x1, x2 = as_array(x1), as_array(x2)
+    dtype = jnp.result_type(x1, x2)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        dtype = jnp.float32
+    shape = _broadcast_shapes(x1.shape, x2.shape)
+    compute = compute_dtype(dtype)
+    d = x1.astype(compute) - x2.astype(compute) + eps
+    if not shape:
+        return _vector_norm(d.reshape(1), p, -1).astype(dtype)
+    return _vector_norm(d, p, -1, keepdim).astype(dtype)
+
+
+@jit("p")
+def pdist(input: Any, p: float = 2) -> jax.Array:
+    """``p``-norm distances between the rows of ``(N, M)`` input, as ``torch.nn.functional.pdist``.
+
+    Returns the upper triangle of the distance matrix, row by row: ``N(N-1)/2``
+    values (``i < j``). Gradients at zero distances are zero, as PyTorch's.
+
+    Raises:
+        RuntimeError: input not 2-D or not floating point, or ``p < 0``.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.pdist(jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]]))
+    Array([5.       , 1.       , 4.2426405], dtype=float32)
+    """
+    x = as_array(input)
+    if x.ndim != 2:
+        raise RuntimeError(f"pdist only supports 2D tensors, got: {x.ndim}D")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise RuntimeError("pdist only supports floating-point dtypes")
+    if p < 0:
+        raise RuntimeError("pdist only supports non-negative p values")
+    i, j = np.triu_indices(x.shape[0], 1)
+    xc = x.astype(compute_dtype(x.dtype))
+    return _vector_norm(xc[i] - xc[j], p, -1).astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------- dropout

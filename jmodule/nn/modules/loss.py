@@ -6,12 +6,14 @@ they appear in ``state_dict()`` and follow ``.to(...)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from jmodule.nn import functional as F
 from jmodule.nn.functional._loss import legacy_get_string
+from jmodule.nn.modules.distance import PairwiseDistance
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import as_array
 
@@ -21,14 +23,22 @@ __all__ = [
     "CTCLoss",
     "CosineEmbeddingLoss",
     "CrossEntropyLoss",
+    "GaussianNLLLoss",
+    "HingeEmbeddingLoss",
     "HuberLoss",
     "KLDivLoss",
     "L1Loss",
     "MSELoss",
     "MarginRankingLoss",
+    "MultiLabelMarginLoss",
+    "MultiLabelSoftMarginLoss",
+    "MultiMarginLoss",
     "NLLLoss",
+    "PoissonNLLLoss",
     "SmoothL1Loss",
+    "SoftMarginLoss",
     "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss",
 ]
 
 
@@ -129,6 +139,66 @@ class HuberLoss(_Loss):
         return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
 
 
+class PoissonNLLLoss(_Loss):
+    """Poisson negative log-likelihood, as ``torch.nn.PoissonNLLLoss``.
+
+    See :func:`jmodule.nn.functional.poisson_nll_loss` for ``log_input``,
+    ``full`` and ``eps``.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.PoissonNLLLoss()(jnp.zeros(2), jnp.array([1.0, 2.0]))
+    Array(1., dtype=float32)
+    """
+
+    def __init__(
+        self,
+        log_input: bool = True,
+        full: bool = False,
+        size_average: bool | None = None,
+        eps: float = 1e-8,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.log_input = log_input
+        self.full = full
+        self.eps = eps
+
+    def forward(self, log_input: Any, target: Any) -> jax.Array:
+        return F.poisson_nll_loss(
+            log_input,
+            target,
+            log_input=self.log_input,
+            full=self.full,
+            eps=self.eps,
+            reduction=self.reduction,
+        )
+
+
+class GaussianNLLLoss(_Loss):
+    """Gaussian negative log-likelihood, as ``torch.nn.GaussianNLLLoss``.
+
+    Call: ``loss(input, target, var)``; see
+    :func:`jmodule.nn.functional.gaussian_nll_loss` for the shapes ``var`` may take.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.GaussianNLLLoss(reduction="sum")(jnp.zeros(2), jnp.zeros(2), jnp.ones(2))
+    Array(0., dtype=float32)
+    """
+
+    def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean") -> None:
+        super().__init__(None, None, reduction)
+        self.full = full
+        self.eps = eps
+
+    def forward(self, input: Any, target: Any, var: Any) -> jax.Array:
+        return F.gaussian_nll_loss(
+            input, target, var, full=self.full, eps=self.eps, reduction=self.reduction
+        )
+
+
 class NLLLoss(_WeightedLoss):
     """Negative log-likelihood of class indices, as ``torch.nn.NLLLoss``.
 
@@ -199,6 +269,84 @@ class CrossEntropyLoss(_WeightedLoss):
             reduction=self.reduction,
             label_smoothing=self.label_smoothing,
         )
+
+
+class MultiLabelSoftMarginLoss(_WeightedLoss):
+    """Multi-label one-versus-all logistic loss, as ``torch.nn.MultiLabelSoftMarginLoss``.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.MultiLabelSoftMarginLoss()(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]])).round(4)
+    Array(0.6931, dtype=float32)
+    """
+
+    def forward(self, input: Any, target: Any) -> jax.Array:
+        return F.multilabel_soft_margin_loss(
+            input, target, weight=self.weight, reduction=self.reduction
+        )
+
+
+class MultiMarginLoss(_WeightedLoss):
+    """Multi-class hinge loss, as ``torch.nn.MultiMarginLoss``.
+
+    Args:
+        p: 1 or 2.
+        margin: the margin.
+        weight: per-class weights ``(C,)`` (a buffer).
+        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+
+    Raises:
+        ValueError: ``p`` not 1 or 2, or a ``weight`` that is not 1-D.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.MultiMarginLoss(p=2)(jnp.array([[0.1, 0.2, 0.4, 0.8]]), jnp.array([3])).round(4)
+    Array(0.1525, dtype=float32)
+    """
+
+    def __init__(
+        self,
+        p: int = 1,
+        margin: float = 1.0,
+        weight: Any = None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(weight, size_average, reduce, reduction)
+        if p != 1 and p != 2:
+            raise ValueError("only p == 1 and p == 2 supported")
+        if weight is not None and self.weight.ndim != 1:
+            raise ValueError(
+                "MultiMarginLoss: expected weight to be None or 1D tensor, got "
+                f"{self.weight.ndim}D instead"
+            )
+        self.p = p
+        self.margin = margin
+
+    def forward(self, input: Any, target: Any) -> jax.Array:
+        return F.multi_margin_loss(
+            input,
+            target,
+            p=self.p,
+            margin=self.margin,
+            weight=self.weight,
+            reduction=self.reduction,
+        )
+
+
+class MultiLabelMarginLoss(_Loss):
+    """Multi-label hinge loss (targets padded with -1), as ``torch.nn.MultiLabelMarginLoss``.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> x = jnp.array([[0.1, 0.2, 0.4, 0.8]])
+    >>> round(float(nn.MultiLabelMarginLoss()(x, jnp.array([[3, 0, -1, 1]]))), 4)
+    0.85
+    """
+
+    def forward(self, input: Any, target: Any) -> jax.Array:
+        return F.multilabel_margin_loss(input, target, reduction=self.reduction)
 
 
 class BCELoss(_WeightedLoss):
@@ -272,6 +420,42 @@ class KLDivLoss(_Loss):
 
     def forward(self, input: Any, target: Any) -> jax.Array:
         return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class HingeEmbeddingLoss(_Loss):
+    """``x`` where ``target == 1``, ``max(0, margin - x)`` where ``-1``: ``nn.HingeEmbeddingLoss``.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.HingeEmbeddingLoss(margin=2.0)(jnp.array([0.5, 0.5]), jnp.array([1, -1]))
+    Array(1., dtype=float32)
+    """
+
+    def __init__(
+        self,
+        margin: float = 1.0,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.margin = margin
+
+    def forward(self, input: Any, target: Any) -> jax.Array:
+        return F.hinge_embedding_loss(input, target, margin=self.margin, reduction=self.reduction)
+
+
+class SoftMarginLoss(_Loss):
+    """Two-class logistic loss ``log(1 + exp(-y x))``, as ``torch.nn.SoftMarginLoss``.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> nn.SoftMarginLoss(reduction="sum")(jnp.zeros(2), jnp.array([1.0, -1.0])).round(4)
+    Array(1.3863, dtype=float32)
+    """
+
+    def forward(self, input: Any, target: Any) -> jax.Array:
+        return F.soft_margin_loss(input, target, reduction=self.reduction)
 
 
 class CosineEmbeddingLoss(_Loss):
@@ -363,6 +547,60 @@ class TripletMarginLoss(_Loss):
             margin=self.margin,
             p=self.p,
             eps=self.eps,
+            swap=self.swap,
+            reduction=self.reduction,
+        )
+
+
+class TripletMarginWithDistanceLoss(_Loss):
+    """Triplet loss with any distance, as ``torch.nn.TripletMarginWithDistanceLoss``.
+
+    Args:
+        distance_function: ``(x1, x2) -> distances``; defaults to a
+            :class:`~jmodule.nn.PairwiseDistance` submodule, as in PyTorch
+            (a module passed here is registered as a submodule too).
+        margin: a positive margin.
+        swap: use ``min(d(a, n), d(p, n))`` as the negative distance.
+        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+
+    Raises:
+        ValueError: ``margin`` is not positive.
+
+    >>> import jax.numpy as jnp
+    >>> from jmodule import nn
+    >>> a = jnp.zeros((1, 3))
+    >>> loss = nn.TripletMarginWithDistanceLoss(distance_function=nn.PairwiseDistance(p=1))
+    >>> loss(a, a, a + 1.0)
+    Array(0., dtype=float32)
+    """
+
+    def __init__(
+        self,
+        *,
+        distance_function: Callable[[Any, Any], jax.Array] | None = None,
+        margin: float = 1.0,
+        swap: bool = False,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(None, None, reduction)
+        if margin <= 0:
+            raise ValueError(
+                "TripletMarginWithDistanceLoss: expected margin to be greater than 0, got "
+                f"{margin} instead"
+            )
+        self.distance_function = (
+            distance_function if distance_function is not None else PairwiseDistance()
+        )
+        self.margin = margin
+        self.swap = swap
+
+    def forward(self, anchor: Any, positive: Any, negative: Any) -> jax.Array:
+        return F.triplet_margin_with_distance_loss(
+            anchor,
+            positive,
+            negative,
+            distance_function=self.distance_function,
+            margin=self.margin,
             swap=self.swap,
             reduction=self.reduction,
         )
