@@ -53,6 +53,7 @@ from jmodule.nn.modules import Embedding as Embedding
 from jmodule.nn.modules import EmbeddingBag as EmbeddingBag
 from jmodule.nn.modules import FeatureAlphaDropout as FeatureAlphaDropout
 from jmodule.nn.modules import Flatten as Flatten
+from jmodule.nn.modules import Fold as Fold
 from jmodule.nn.modules import GaussianNLLLoss as GaussianNLLLoss
 from jmodule.nn.modules import GroupNorm as GroupNorm
 from jmodule.nn.modules import GRUCell as GRUCell
@@ -75,11 +76,17 @@ from jmodule.nn.modules import Linear as Linear
 from jmodule.nn.modules import LocalResponseNorm as LocalResponseNorm
 from jmodule.nn.modules import LogSigmoid as LogSigmoid
 from jmodule.nn.modules import LogSoftmax as LogSoftmax
+from jmodule.nn.modules import LPPool1d as LPPool1d
+from jmodule.nn.modules import LPPool2d as LPPool2d
+from jmodule.nn.modules import LPPool3d as LPPool3d
 from jmodule.nn.modules import LSTMCell as LSTMCell
 from jmodule.nn.modules import MarginRankingLoss as MarginRankingLoss
 from jmodule.nn.modules import MaxPool1d as MaxPool1d
 from jmodule.nn.modules import MaxPool2d as MaxPool2d
 from jmodule.nn.modules import MaxPool3d as MaxPool3d
+from jmodule.nn.modules import MaxUnpool1d as MaxUnpool1d
+from jmodule.nn.modules import MaxUnpool2d as MaxUnpool2d
+from jmodule.nn.modules import MaxUnpool3d as MaxUnpool3d
 from jmodule.nn.modules import Mish as Mish
 from jmodule.nn.modules import Module as Module
 from jmodule.nn.modules import ModuleDict as ModuleDict
@@ -134,6 +141,7 @@ from jmodule.nn.modules import TransformerEncoderLayer as TransformerEncoderLaye
 from jmodule.nn.modules import TripletMarginLoss as TripletMarginLoss
 from jmodule.nn.modules import TripletMarginWithDistanceLoss as TripletMarginWithDistanceLoss
 from jmodule.nn.modules import Unflatten as Unflatten
+from jmodule.nn.modules import Unfold as Unfold
 from jmodule.nn.modules import Upsample as Upsample
 from jmodule.nn.modules import UpsamplingBilinear2d as UpsamplingBilinear2d
 from jmodule.nn.modules import UpsamplingNearest2d as UpsamplingNearest2d

@@ -1,15 +1,18 @@
-"""Max, average and adaptive pooling, as in ``torch.nn.functional``.
+"""Max, average, power-average and adaptive pooling and max unpooling, as in
+``torch.nn.functional``.
 
 Windows run over the trailing 1, 2 or 3 dimensions of ``(N, C, *spatial)``
 (or unbatched ``(C, *spatial)``) input. Max and average pooling lower to
 ``jax.lax.reduce_window``; the gradient of a max goes to the first maximum
 of each window, as PyTorch's does. Indices (``return_indices=True``) are
 flat positions within each input plane, as PyTorch's, with JAX's default
-integer dtype (int32 unless x64 is enabled; PyTorch returns int64).
+integer dtype (int32 unless x64 is enabled; PyTorch returns int64);
+``max_unpool*d`` takes them back (any integer dtype).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -17,7 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule.nn.functional._utils import check_float, compute_dtype, jit, ntuple, shape_str
+from jmodule.nn.functional._utils import (
+    check_float,
+    compute_dtype,
+    concrete,
+    jit,
+    ntuple,
+    shape_str,
+)
 from jmodule.nn.parameter import as_array
 
 __all__ = [
@@ -30,9 +40,18 @@ __all__ = [
     "avg_pool1d",
     "avg_pool2d",
     "avg_pool3d",
+    "lp_pool1d",
+    "lp_pool2d",
+    "lp_pool3d",
     "max_pool1d",
+    "max_pool1d_with_indices",
     "max_pool2d",
+    "max_pool2d_with_indices",
     "max_pool3d",
+    "max_pool3d_with_indices",
+    "max_unpool1d",
+    "max_unpool2d",
+    "max_unpool3d",
 ]
 
 
@@ -531,3 +550,336 @@ def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = Fal
     (1, 2, 1, 1, 1)
     """
     return _adaptive_max(3, input, output_size, return_indices)
+
+
+# ----------------------------------------------------------------------------- with indices
+
+
+def max_pool1d_with_indices(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`max_pool1d` returning ``(pooled, indices)`` whatever ``return_indices`` says.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.max_pool1d_with_indices(jnp.array([[1.0, 3.0, 2.0, 5.0]]), 2)[1]
+    Array([[1, 3]], dtype=int32)
+    """
+    return _max_pool(1, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def max_pool2d_with_indices(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`max_pool2d` returning ``(pooled, indices)`` whatever ``return_indices`` says.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.max_pool2d_with_indices(jnp.arange(16.0).reshape(1, 4, 4), 2)[1]
+    Array([[[ 5,  7],
+            [13, 15]]], dtype=int32)
+    """
+    return _max_pool(2, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def max_pool3d_with_indices(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`max_pool3d` returning ``(pooled, indices)`` whatever ``return_indices`` says.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.max_pool3d_with_indices(jnp.arange(8.0).reshape(1, 2, 2, 2), 2)[1]
+    Array([[[[7]]]], dtype=int32)
+    """
+    return _max_pool(3, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+# ----------------------------------------------------------------------------- power average
+
+
+@jit("nd", "norm_type", "kernel_size", "stride", "ceil_mode")
+def _lp_pool(
+    nd: int, input: Any, norm_type: float, kernel_size: Any, stride: Any, ceil_mode: bool
+) -> jax.Array:
+    name = f"lp_pool{nd}d"
+    x = check_float(as_array(input), name)
+    if nd == 1 and not isinstance(kernel_size, int):
+        raise TypeError(f"{name}: kernel_size must be an int, got {kernel_size!r}")
+    if norm_type == math.inf:
+        return _max_pool(nd, jnp.abs(x), kernel_size, stride, 0, 1, ceil_mode, False)
+    if norm_type == -math.inf:
+        return -_max_pool(nd, -jnp.abs(x), kernel_size, stride, 0, 1, ceil_mode, False)
+    area = math.prod(_ints(kernel_size, nd, "kernel_size", name))
+    root = 1.0 / norm_type
+    out = _avg_pool(nd, jnp.power(x, norm_type), kernel_size, stride, 0, ceil_mode, True, None)
+    # PyTorch's expression, its gradient included: zero where a window's sum is
+    # zero, NaN (passed on, as PyTorch's relu does) where it is NaN.
+    size = jnp.abs(out)
+    size = jnp.where(size <= 0, jnp.zeros_like(size), size)
+    return jnp.power(jnp.sign(out) * size * area, root)
+
+
+def lp_pool1d(
+    input: Any,
+    norm_type: float,
+    kernel_size: int,
+    stride: Any = None,
+    ceil_mode: bool = False,
+) -> jax.Array:
+    """1-D power-average pooling: ``(sum of x ** p over each window) ** (1 / p)``.
+
+    Computed as PyTorch does (an average pool of ``x ** p`` times the window
+    size), so windows of negative sums give NaN for even roots, odd ``p``
+    keeps signs, ``ceil_mode`` windows cut by the input's end are rescaled by
+    ``kernel_size / count``, and ``p = inf`` is a max pool of ``abs(x)``.
+
+    Args:
+        input: ``(N, C, L)`` or ``(C, L)``.
+        norm_type: the power ``p`` (not zero).
+        kernel_size: window size (an int, as PyTorch requires).
+        stride: window step (default ``kernel_size``).
+        ceil_mode: round the output size up.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.lp_pool1d(jnp.array([[3.0, 4.0, 1.0, 0.0]]), 2, 2)
+    Array([[5., 1.]], dtype=float32)
+    """
+    return _lp_pool(1, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+def lp_pool2d(
+    input: Any,
+    norm_type: float,
+    kernel_size: Any,
+    stride: Any = None,
+    ceil_mode: bool = False,
+) -> jax.Array:
+    """2-D power-average pooling over ``(N, C, H, W)`` or ``(C, H, W)`` (as :func:`lp_pool1d`).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.lp_pool2d(jnp.ones((1, 1, 4, 4)), 1, 2)
+    Array([[[[4., 4.],
+             [4., 4.]]]], dtype=float32)
+    """
+    return _lp_pool(2, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+def lp_pool3d(
+    input: Any,
+    norm_type: float,
+    kernel_size: Any,
+    stride: Any = None,
+    ceil_mode: bool = False,
+) -> jax.Array:
+    """3-D power-average pooling over ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> F.lp_pool3d(jnp.ones((1, 1, 2, 2, 2)), 2, 2)
+    Array([[[[[2.828427]]]]], dtype=float32)
+    """
+    return _lp_pool(3, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+# ----------------------------------------------------------------------------- unpooling
+
+
+def _unpool_size(
+    nd: int, name: str, x: jax.Array, kernel_size: Any, stride: Any, padding: Any, output_size: Any
+) -> tuple[int, ...]:
+    """PyTorch's ``_unpool_output_size``: the default ``(in - 1) * s - 2p + k``,
+    or ``output_size`` (last ``nd`` of ``nd`` or ``nd + 2`` entries) within a
+    stride of it."""
+    k = _ints(kernel_size, nd, "kernel_size", name)
+    s = k if stride is None else _ints(stride, nd, "stride", name)
+    p = _ints(padding, nd, "padding", name)
+    default = [(x.shape[-nd + i] - 1) * s[i] + k[i] - 2 * p[i] for i in range(nd)]
+    if output_size is None:
+        return tuple(default)
+    sizes = [int(v) for v in ntuple(output_size, nd)]
+    if len(sizes) == nd + 2:
+        sizes = sizes[2:]
+    if len(sizes) != nd:
+        raise ValueError(
+            f"output_size should be a sequence containing {nd} or {nd + 2} elements, but it has "
+            f"a length of '{len(sizes)}'"
+        )
+    for i in range(nd):
+        low, high = default[i] - s[i], default[i] + s[i]
+        if not low < sizes[i] < high:
+            raise ValueError(
+                f'invalid output_size "{output_size}" (dim {i} must be between {low} and {high})'
+            )
+    return tuple(sizes)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _scatter_planes(values: jax.Array, positions: jax.Array, plane: int) -> jax.Array:
+    """``(N, C, plane)`` zeros with ``values`` written at ``positions`` (both
+    ``(N, C, M)``; out-of-range positions dropped). Its derivative is a
+    scatter-add, so the gradient of every value is the output gradient at its
+    position, repeated positions included, as PyTorch's ``max_unpool``."""
+    return _scatter(values, positions, plane, add=False)
+
+
+@_scatter_planes.defjvp
+def _scatter_planes_jvp(plane: int, primals: tuple, tangents: tuple) -> tuple:
+    values, positions = primals
+    return _scatter_planes(values, positions, plane), _scatter(
+        tangents[0], positions, plane, add=True
+    )
+
+
+def _scatter(values: jax.Array, positions: jax.Array, plane: int, add: bool) -> jax.Array:
+    n, c, _ = values.shape
+    positions = jnp.where(positions < 0, plane, positions)  # out of range, not wrapped
+    where = jnp.zeros((n, c, plane), values.dtype).at[
+        jnp.arange(n)[:, None, None], jnp.arange(c)[None, :, None], positions
+    ]
+    return where.add(values, mode="drop") if add else where.set(values, mode="drop")
+
+
+@jit("nd", "size")
+def _max_unpool(nd: int, input: jax.Array, indices: jax.Array, size: tuple) -> jax.Array:
+    batched = input.ndim == nd + 2
+    x, idx = (input, indices) if batched else (input[None], indices[None])
+    n, c = x.shape[:2]
+    flat = _scatter_planes(x.reshape(n, c, -1), idx.reshape(n, c, -1), math.prod(size))
+    out = flat.reshape((n, c, *size))
+    return out if batched else out[0]
+
+
+def _unpool(
+    nd: int,
+    input: Any,
+    indices: Any,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    output_size: Any,
+) -> jax.Array:
+    name = f"max_unpool{nd}d"
+    x, idx = as_array(input), as_array(indices)
+    if x.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(
+            f"{name}: Input to max_unpooling{nd}d should be a {nd + 1}d or {nd + 2}d Tensor, but "
+            f"got a tensor with {x.ndim} dimensions."
+        )
+    if not jnp.issubdtype(idx.dtype, jnp.integer):
+        raise RuntimeError(
+            f"{name}: elements in indices should be an integer type but got: {idx.dtype}"
+        )
+    if idx.shape != x.shape:
+        raise RuntimeError(
+            f"{name}: Expected shape of indices to be same as that of the input tensor "
+            f"({shape_str(x.shape)}) but got indices tensor with shape: {shape_str(idx.shape)}"
+        )
+    size = _unpool_size(nd, name, x, kernel_size, stride, padding, output_size)
+    if any(v < 0 for v in size):
+        raise ValueError(
+            f"{name}: output_size must contain non-negative spatial dimensions, but got {size}"
+        )
+    values = concrete(idx)
+    plane = math.prod(size)
+    if values is not None and values.size and (values.min() < 0 or values.max() >= plane):
+        bad = values.min() if values.min() < 0 else values.max()
+        raise RuntimeError(
+            f"{name}: Found an invalid max index: {int(bad)} (output volumes are of size "
+            f"{'x'.join(map(str, size))})"
+        )
+    return _max_unpool(nd, x, idx, size)
+
+
+def max_unpool1d(
+    input: Any,
+    indices: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    output_size: Any = None,
+) -> jax.Array:
+    """Partial inverse of :func:`max_pool1d`: each value goes back to its index, zeros elsewhere.
+
+    Args:
+        input: pooled ``(N, C, L)`` or ``(C, L)`` values.
+        indices: the flat positions ``max_pool1d(..., return_indices=True)``
+            returned (same shape as ``input``; any integer dtype).
+        kernel_size: the pooling's window size.
+        stride: the pooling's step (default ``kernel_size``).
+        padding: the pooling's padding.
+        output_size: the unpooled size (``L`` or ``(N, C, L)``), to undo a
+            floor in the pooling's output size; default
+            ``(L_in - 1) * stride - 2 * padding + kernel_size``.
+
+    Raises:
+        RuntimeError: an index outside the output (checked when ``indices``
+            is concrete; inside a trace such values are dropped).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> x = jnp.array([[1.0, 3.0, 2.0, 5.0]])
+    >>> out, idx = F.max_pool1d(x, 2, return_indices=True)
+    >>> F.max_unpool1d(out, idx, 2)
+    Array([[0., 3., 0., 5.]], dtype=float32)
+    """
+    return _unpool(1, input, indices, kernel_size, stride, padding, output_size)
+
+
+def max_unpool2d(
+    input: Any,
+    indices: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    output_size: Any = None,
+) -> jax.Array:
+    """Partial inverse of :func:`max_pool2d` (arguments as :func:`max_unpool1d`).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> x = jnp.arange(25.0).reshape(1, 1, 5, 5)
+    >>> out, idx = F.max_pool2d(x, 2, return_indices=True)
+    >>> F.max_unpool2d(out, idx, 2, output_size=x.shape).shape
+    (1, 1, 5, 5)
+    """
+    return _unpool(2, input, indices, kernel_size, stride, padding, output_size)
+
+
+def max_unpool3d(
+    input: Any,
+    indices: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    output_size: Any = None,
+) -> jax.Array:
+    """Partial inverse of :func:`max_pool3d` (arguments as :func:`max_unpool1d`).
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule.nn.functional as F
+    >>> out, idx = F.max_pool3d(jnp.ones((1, 2, 4, 4, 4)), 2, return_indices=True)
+    >>> F.max_unpool3d(out, idx, 2).sum()
+    Array(16., dtype=float32)
+    """
+    return _unpool(3, input, indices, kernel_size, stride, padding, output_size)

@@ -63,6 +63,8 @@ from jmodule.nn.modules.dropout import Dropout3d as Dropout3d
 from jmodule.nn.modules.dropout import FeatureAlphaDropout as FeatureAlphaDropout
 from jmodule.nn.modules.flatten import Flatten as Flatten
 from jmodule.nn.modules.flatten import Unflatten as Unflatten
+from jmodule.nn.modules.fold import Fold as Fold
+from jmodule.nn.modules.fold import Unfold as Unfold
 from jmodule.nn.modules.linear import Bilinear as Bilinear
 from jmodule.nn.modules.linear import Identity as Identity
 from jmodule.nn.modules.linear import Linear as Linear
@@ -122,9 +124,15 @@ from jmodule.nn.modules.pooling import AdaptiveMaxPool3d as AdaptiveMaxPool3d
 from jmodule.nn.modules.pooling import AvgPool1d as AvgPool1d
 from jmodule.nn.modules.pooling import AvgPool2d as AvgPool2d
 from jmodule.nn.modules.pooling import AvgPool3d as AvgPool3d
+from jmodule.nn.modules.pooling import LPPool1d as LPPool1d
+from jmodule.nn.modules.pooling import LPPool2d as LPPool2d
+from jmodule.nn.modules.pooling import LPPool3d as LPPool3d
 from jmodule.nn.modules.pooling import MaxPool1d as MaxPool1d
 from jmodule.nn.modules.pooling import MaxPool2d as MaxPool2d
 from jmodule.nn.modules.pooling import MaxPool3d as MaxPool3d
+from jmodule.nn.modules.pooling import MaxUnpool1d as MaxUnpool1d
+from jmodule.nn.modules.pooling import MaxUnpool2d as MaxUnpool2d
+from jmodule.nn.modules.pooling import MaxUnpool3d as MaxUnpool3d
 from jmodule.nn.modules.rnn import GRU as GRU
 from jmodule.nn.modules.rnn import LSTM as LSTM
 from jmodule.nn.modules.rnn import RNN as RNN
