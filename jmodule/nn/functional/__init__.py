@@ -11,6 +11,7 @@ from jmodule.nn.functional._attention import *  # noqa: F403
 from jmodule.nn.functional._basic import *  # noqa: F403
 from jmodule.nn.functional._conv import *  # noqa: F403
 from jmodule.nn.functional._fold import *  # noqa: F403
+from jmodule.nn.functional._grid import *  # noqa: F403
 from jmodule.nn.functional._loss import *  # noqa: F403
 from jmodule.nn.functional._misc import *  # noqa: F403
 from jmodule.nn.functional._normalization import *  # noqa: F403
