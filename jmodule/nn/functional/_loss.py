@@ -24,12 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
 
-from jmodule.nn.functional._misc import (
-    _broadcast_shapes,
-    _clamp_min_straight_through,
-    pairwise_distance,
+from jmodule.nn.functional._misc import pairwise_distance
+from jmodule.nn.functional._utils import (
+    broadcast_shapes,
+    clamp_min_straight_through,
+    compute_dtype,
+    concrete,
 )
-from jmodule.nn.functional._utils import compute_dtype, concrete
 from jmodule.nn.parameter import as_array
 
 __all__ = [
@@ -275,7 +276,7 @@ def poisson_nll_loss(
     """
     reduction = _reduction(size_average, reduce, reduction)
     (x, y), _, dtype = _float(input, target)
-    _broadcast_shapes(y.shape, x.shape)
+    broadcast_shapes(y.shape, x.shape)
     loss = jnp.exp(x) - y * x if log_input else x - y * jnp.log(x + eps)
     if full:
         counted = y > 1
@@ -335,8 +336,8 @@ def gaussian_nll_loss(
             raise ValueError("var is of incorrect size")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{reduction} is not valid")
-    _broadcast_shapes(x.shape, y.shape)
-    v = _clamp_min_straight_through(v, eps)
+    broadcast_shapes(x.shape, y.shape)
+    v = clamp_min_straight_through(v, eps)
     loss = 0.5 * (jnp.log(v) + jnp.square(x - y) / v)
     if full:
         loss = loss + 0.5 * math.log(2 * math.pi)
@@ -659,7 +660,7 @@ def soft_margin_loss(
     """
     reduction = _reduction(size_average, reduce, reduction)
     (x, y), _, dtype = _float(input, target)
-    _broadcast_shapes(x.shape, y.shape)
+    broadcast_shapes(x.shape, y.shape)
     return _reduce(jax.nn.softplus(-x * y), reduction).astype(dtype)
 
 
@@ -698,11 +699,11 @@ def multilabel_soft_margin_loss(
     (x, y), compute, dtype = _float(input, target)
     if x.ndim == 0:
         raise IndexError("Dimension specified as -1 but tensor has no dimensions")
-    _broadcast_shapes(x.shape, y.shape)
+    broadcast_shapes(x.shape, y.shape)
     loss = -(y * jax.nn.log_sigmoid(x) + (1 - y) * jax.nn.log_sigmoid(-x))
     if weight is not None:
         w = as_array(weight)
-        _broadcast_shapes(loss.shape, w.shape)
+        broadcast_shapes(loss.shape, w.shape)
         loss = loss * w.astype(compute)
     loss = loss.sum(axis=-1) / x.shape[-1]
     return _reduce(loss, reduction).astype(dtype)
@@ -879,7 +880,7 @@ def hinge_embedding_loss(
     """
     reduction = _reduction(size_average, reduce, reduction)
     (x, y), _, dtype = _float(input, target)
-    _broadcast_shapes(y.shape, x.shape)
+    broadcast_shapes(y.shape, x.shape)
     loss = jnp.where(y != 1, jnp.maximum(margin - x, 0), 0) + jnp.where(y != -1, x, 0)
     return _reduce(loss, reduction).astype(dtype)
 

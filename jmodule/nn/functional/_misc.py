@@ -13,7 +13,15 @@ import numpy as np
 
 from jmodule import random as _random
 from jmodule.nn.functional._pooling import _adaptive_avg
-from jmodule.nn.functional._utils import check_float, compute_dtype, jit, ntuple, shape_str
+from jmodule.nn.functional._utils import (
+    broadcast_shapes,
+    check_float,
+    clamp_min_straight_through,
+    compute_dtype,
+    jit,
+    ntuple,
+    shape_str,
+)
 from jmodule.nn.parameter import as_array
 
 __all__ = [
@@ -450,32 +458,6 @@ def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> jax.Arr
 # ----------------------------------------------------------------------------- distances
 
 
-def _broadcast_shapes(a: tuple, b: tuple) -> tuple[int, ...]:
-    """``a`` and ``b`` broadcast together, or PyTorch's error (``a`` is "tensor a")."""
-    ndim = max(len(a), len(b))
-    a = (1,) * (ndim - len(a)) + tuple(a)
-    b = (1,) * (ndim - len(b)) + tuple(b)
-    for i, (m, n) in enumerate(zip(a, b)):
-        if m != n and m != 1 and n != 1:
-            raise RuntimeError(
-                f"The size of tensor a ({m}) must match the size of tensor b ({n}) at "
-                f"non-singleton dimension {i}"
-            )
-    return tuple(n if m == 1 else m for m, n in zip(a, b))
-
-
-@jax.custom_jvp
-def _clamp_min_straight_through(x: jax.Array, low: Any) -> jax.Array:
-    """``max(x, low)`` whose gradient is the identity, as PyTorch's in-place clamp under no_grad."""
-    return jnp.maximum(x, low)
-
-
-@_clamp_min_straight_through.defjvp
-def _clamp_min_straight_through_jvp(primals: tuple, tangents: tuple) -> tuple:
-    x, low = primals
-    return jnp.maximum(x, low), tangents[0]
-
-
 def _check_dim(dim: int, ndim: int) -> int:
     low, high = (-ndim, ndim - 1) if ndim else (-1, 0)
     if not low <= dim <= high:
@@ -530,14 +512,14 @@ def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-8) -> jax.
         raise RuntimeError(
             f"expected common dtype to be floating point, yet common dtype is {dtype}"
         )
-    shape = _broadcast_shapes(x1.shape, x2.shape)
+    shape = broadcast_shapes(x1.shape, x2.shape)
     axis = _check_dim(dim, len(shape))
     compute = compute_dtype(dtype)
     view = shape if shape else (1,)
     x1 = jnp.broadcast_to(x1.astype(compute), shape).reshape(view)
     x2 = jnp.broadcast_to(x2.astype(compute), shape).reshape(view)
-    n1 = _clamp_min_straight_through(_vector_norm(x1, 2, axis, keepdim=True), eps)
-    n2 = _clamp_min_straight_through(_vector_norm(x2, 2, axis, keepdim=True), eps)
+    n1 = clamp_min_straight_through(_vector_norm(x1, 2, axis, keepdim=True), eps)
+    n2 = clamp_min_straight_through(_vector_norm(x2, 2, axis, keepdim=True), eps)
     out = ((x1 / n1) * (x2 / n2)).sum(axis)
     return out.reshape(shape[:axis] + shape[axis + 1 :]).astype(dtype)
 
@@ -564,7 +546,7 @@ def pairwise_distance(
     dtype = jnp.result_type(x1, x2)
     if not jnp.issubdtype(dtype, jnp.inexact):
         dtype = jnp.float32
-    shape = _broadcast_shapes(x1.shape, x2.shape)
+    shape = broadcast_shapes(x1.shape, x2.shape)
     compute = compute_dtype(dtype)
     d = x1.astype(compute) - x2.astype(compute) + eps
     if not shape:

@@ -103,3 +103,29 @@ def _as_array(value: Any) -> Any:
     if isinstance(value, (bool, int, float, complex)):
         return value
     return as_array(value)
+
+
+def broadcast_shapes(a: tuple, b: tuple) -> tuple[int, ...]:
+    """``a`` and ``b`` broadcast together, or PyTorch's error (``a`` is "tensor a")."""
+    ndim = max(len(a), len(b))
+    a = (1,) * (ndim - len(a)) + tuple(a)
+    b = (1,) * (ndim - len(b)) + tuple(b)
+    for i, (m, n) in enumerate(zip(a, b)):
+        if m != n and m != 1 and n != 1:
+            raise RuntimeError(
+                f"The size of tensor a ({m}) must match the size of tensor b ({n}) at "
+                f"non-singleton dimension {i}"
+            )
+    return tuple(n if m == 1 else m for m, n in zip(a, b))
+
+
+@jax.custom_jvp
+def clamp_min_straight_through(x: jax.Array, low: Any) -> jax.Array:
+    """``max(x, low)`` whose gradient is the identity, as PyTorch's in-place clamp under no_grad."""
+    return jnp.maximum(x, low)
+
+
+@clamp_min_straight_through.defjvp
+def clamp_min_straight_through_jvp(primals: tuple, tangents: tuple) -> tuple:
+    x, low = primals
+    return jnp.maximum(x, low), tangents[0]
