@@ -12,24 +12,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jmodule import random as _random
-from jmodule._lowering import binding
-from jmodule._lowering.binding import Slot
+from jmodule._lowering import binding, state
+from jmodule._lowering.state import Slot
 
 __all__ = ["functional_call", "state_slots"]
 
 
 def state_slots(module: Any) -> dict[str, Slot]:
     """Every parameter and buffer of ``module`` by dotted name, tied names included."""
-    out: dict[str, Slot] = {}
-    for path, m in module.named_modules(remove_duplicate=False):
-        dot = path + "." if path else ""
-        for name, p in m._parameters.items():
-            if p is not None:
-                out[dot + name] = (p.__dict__, "_value")
-        for name, b in m._buffers.items():
-            if b is not None:
-                out[dot + name] = (m._buffers, name)
-    return out
+    return state.tree_slots(module, aliases=True).aliases
 
 
 def functional_call(
@@ -104,9 +95,7 @@ def functional_call(
     for name, slot in slots.items():
         ident = (id(slot[0]), slot[1])
         if name in given:
-            value = (
-                getattr(given[name], "data", given[name]) if _is_param(given[name]) else given[name]
-            )
+            value = state.value(given[name])
             if ident in chosen and chosen[ident][2] in given and chosen[ident][1] is not value:
                 raise ValueError(
                     f"{chosen[ident][2]} and {name} are tied but were given different values"
@@ -117,15 +106,9 @@ def functional_call(
     bound_slots = [s for s, _, _ in chosen.values()]
     values = [v for _, v, _ in chosen.values()]
     if rng_key is not None:
-        bound_slots.append((_random.default_generator.__dict__, "_key"))
+        bound_slots.append(state.rng_slot(_random.default_generator))
         values.append(rng_key)
     if not isinstance(args, tuple):
         args = (args,)
     with binding.bound(bound_slots, values, tuple(module.named_modules())):
         return module(*args, **(kwargs or {}))
-
-
-def _is_param(x: Any) -> bool:
-    from jmodule.nn.parameter import _ArrayLike
-
-    return isinstance(x, _ArrayLike)

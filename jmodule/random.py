@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jmodule._lowering import binding
+from jmodule._lowering import state
 
 __all__ = ["Generator", "default_generator", "initial_seed", "manual_seed", "seed"]
 
@@ -43,6 +43,9 @@ class Generator:
         # Made on first use, so that ``import jmodule`` does not start JAX's
         # backends (``jax.distributed.initialize`` must run before they start).
         self._key = None
+
+    def __getstate__(self) -> dict:
+        return state.without_private(self.__dict__)
 
     def manual_seed(self, seed: int) -> Generator:
         """Reseed; returns the generator, as PyTorch does."""
@@ -85,8 +88,8 @@ class Generator:
                 any draw inside a JAX transformation jmodule does not manage.
         """
         new, sub = jax.random.split(self.materialize())
-        if isinstance(new, jax.core.Tracer) and not binding.is_bound(self.__dict__):
-            if self is not default_generator and binding.tracing():
+        if isinstance(new, jax.core.Tracer) and not state.is_bound(self.__dict__):
+            if self is not default_generator and state.tracing():
                 raise RuntimeError(_EXPLICIT_IN_TRACE)
             raise RuntimeError(_FOREIGN_TRACE)
         self._key = new

@@ -1,41 +1,22 @@
 """Binding: run ordinary module code over traced state.
 
-A *slot* is a ``(dict, key)`` pair that holds one piece of state: a
-Parameter's value (``(param.__dict__, "_value")``), a buffer
-(``(module._buffers, name)``), a generator's key. Binding puts the given
-(usually traced) values into the slots, runs Python code, reads back what the
-code assigned, and restores the slots, so the objects are unchanged after the
-trace. This is MLX's ``model.update(params); return fn(...)`` made reversible.
+Binding puts the given (usually traced) values into slots (see
+``state.py``), runs Python code, reads back what the code assigned, and
+restores the slots, so the objects are unchanged after the trace. This is
+MLX's ``model.update(params); return fn(...)`` made reversible. Which
+containers are bound is recorded for this thread only (``state.local``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 
-Slot = tuple[dict, str]
-
-#: One lock serialises every read-call-write of compiled state, so concurrent
-#: callers never lose an update (and tracing never races a fast-path read).
-LOCK = threading.RLock()
-
-
-class _Epoch:
-    """A counter bumped by every structural change anywhere (cheap to compare)."""
-
-    value = 0
-
-
-EPOCH = _Epoch()
-
-
-def bump() -> None:
-    """Record a structural change (module tree, hooks, mode, requires_grad, ...)."""
-    EPOCH.value += 1
+from jmodule._lowering import state
+from jmodule._lowering.state import Slot
 
 
 class GradWatch:
@@ -49,37 +30,8 @@ class GradWatch:
         self.written: set[int] = set()
 
 
-#: The innermost active :class:`GradWatch`, or None (then ``.grad`` is a plain attribute).
-GRAD_WATCH: list[GradWatch | None] = [None]
-
-#: Active gradient computations (``jm.backward``/``jm.grad``), innermost last.
-#: ``Module.__call__`` reports itself to the innermost one while it is non-empty.
-GRAD_STACK: list = []
-
-
 class TracerLeakError(RuntimeError):
     """A traced value would have escaped into a module outside its state."""
-
-
-_local = threading.local()
-
-
-def _stack() -> list[set[int]]:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
-
-
-def tracing() -> bool:
-    """True while jmodule is tracing a compiled program in this thread."""
-    return bool(getattr(_local, "stack", None))
-
-
-def is_bound(container: dict) -> bool:
-    """True when ``container`` holds slots bound by an active jmodule trace."""
-    cid = id(container)
-    return any(cid in bound for bound in getattr(_local, "stack", ()))
 
 
 def _new_tracer(value: Any, allowed: set[int]) -> bool:
@@ -95,50 +47,80 @@ def _new_tracer(value: Any, allowed: set[int]) -> bool:
     return any(isinstance(v, jax.core.Tracer) and id(v) not in allowed for v in items)
 
 
-def _snapshot(module: Any) -> tuple:
-    d = module.__dict__
-    # Containers held in attributes are copied too, so an append or item
-    # assignment made during a failed trace can be undone in place.
-    contents = {
-        id(v): (v, list(v) if isinstance(v, list) else dict(v))
-        for v in d.values()
-        if type(v) in (list, dict)
-    }
-    return dict(d), dict(d["_parameters"]), dict(d["_buffers"]), dict(d["_modules"]), contents
+class Snapshot:
+    """A module's attributes, registries and parameter values, to check or restore it."""
+
+    __slots__ = ("attrs", "buffers", "contents", "module", "modules", "parameters", "values")
+
+    def __init__(self, module: Any):
+        d = module.__dict__
+        self.module = module
+        self.attrs = dict(d)
+        self.parameters = dict(d["_parameters"])
+        self.buffers = dict(d["_buffers"])
+        self.modules = dict(d["_modules"])
+        self.values = [state.peek(p) for p in self.parameters.values() if p is not None]
+        # Containers held in attributes are copied too, so an append or item
+        # assignment made during a failed trace can be undone in place.
+        self.contents = {
+            id(v): (v, list(v) if isinstance(v, list) else dict(v))
+            for v in d.values()
+            if type(v) in (list, dict)
+        }
+
+    def known(self, into: set[int]) -> None:
+        """Add the ids of every value held when the snapshot was taken to ``into``."""
+        into.update(id(v) for v in self.attrs.values())
+        into.update(id(v) for v in self.buffers.values())
+        into.update(id(v) for v in self.values)
+        for _, saved in self.contents.values():
+            into.update(id(x) for x in (saved.values() if type(saved) is dict else saved))
+
+    def restore(self) -> None:
+        d = self.module.__dict__
+        for live, saved in (
+            (d["_parameters"], self.parameters),
+            (d["_buffers"], self.buffers),
+            (d["_modules"], self.modules),
+        ):
+            live.clear()
+            live.update(saved)
+        for container, saved in self.contents.values():
+            if isinstance(container, list):
+                container[:] = saved
+            else:
+                container.clear()
+                container.update(saved)
+        d.clear()
+        d.update(self.attrs)
 
 
-def _restore(module: Any, snap: tuple) -> None:
-    d = module.__dict__
-    state, *_, contents = snap
-    for live, saved in zip((d["_parameters"], d["_buffers"], d["_modules"]), snap[1:4]):
-        live.clear()
-        live.update(saved)
-    for container, saved in contents.values():
-        if isinstance(container, list):
-            container[:] = saved
-        else:
-            container.clear()
-            container.update(saved)
-    d.clear()
-    d.update(state)
+_REGISTRIES = frozenset({"_parameters", "_buffers", "_modules"})
 
 
-def find_leak(named_modules: Sequence[tuple[str, Any]], allowed: set[int]) -> str | None:
+def find_leak(named_modules: Sequence[tuple[str | None, Any]], allowed: set[int]) -> str | None:
     """Describe the first traced value left in a module after a trace, if any.
 
     Tracers in ``allowed`` (those an enclosing trace had put there) are fine.
     """
     for path, m in named_modules:
-        where = f"'{path}' ({type(m).__name__})" if path else f"the root ({type(m).__name__})"
-        for name, value in m.__dict__.items():
-            if _new_tracer(value, allowed):
+        cls = type(m).__name__
+        if path is None:  # a module called by a differentiated closure
+            where = f"a {cls} called in the closure"
+        else:
+            where = f"'{path}' ({cls})" if path else f"the root ({cls})"
+        for name, v in m.__dict__.items():
+            if name not in _REGISTRIES and _new_tracer(v, allowed):
                 return f"attribute '{name}' of {where}"
+        # State in containers an enclosing trace has bound is that trace's to check.
         for name, p in m._parameters.items():
-            if p is not None and _new_tracer(p.__dict__["_value"], allowed):
-                return f"parameter '{name}' of {where}"
-        for name, b in m._buffers.items():
-            if _new_tracer(b, allowed):
-                return f"buffer '{name}' of {where}"
+            if p is not None and not state.is_bound(p.__dict__):
+                if _new_tracer(state.peek(p), allowed):
+                    return f"parameter '{name}' of {where}"
+        if not state.is_bound(m._buffers):
+            for name, b in m._buffers.items():
+                if _new_tracer(b, allowed):
+                    return f"buffer '{name}' of {where}"
     return None
 
 
@@ -147,6 +129,25 @@ LEAK_HELP = (
     "registered buffers (self.register_buffer(...)) and parameters carry values from one "
     "call to the next; anything else must be returned. The module was left unchanged."
 )
+
+
+def check_and_restore(
+    snapshots: Sequence[Snapshot],
+    named_modules: Sequence[tuple[str | None, Any]],
+    ok: bool,
+    allowed: set[int],
+) -> None:
+    """After a trace: restore the modules when it failed or left a stray tracer (then raise)."""
+    leak = None
+    if ok:
+        for snap in snapshots:
+            snap.known(allowed)
+        leak = find_leak(named_modules, allowed)
+    if not ok or leak:
+        for snap in snapshots:
+            snap.restore()
+    if leak:
+        raise TracerLeakError(LEAK_HELP.format(what=leak))
 
 
 @contextlib.contextmanager
@@ -163,10 +164,10 @@ def bound(
     restored and :class:`TracerLeakError` is raised.
     """
     olds = [c[k] for c, k in slots]
-    snaps = [_snapshot(m) for _, m in named_modules]
+    snaps = [Snapshot(m) for _, m in named_modules]
     for (c, k), v in zip(slots, values):
         c[k] = v
-    stack = _stack()
+    stack = state.local.bound
     stack.append({id(c) for c, _ in slots})
     ok = False
     try:
@@ -176,18 +177,4 @@ def bound(
         stack.pop()
         for (c, k), v in zip(slots, olds):
             c[k] = v
-        leak = None
-        if ok:
-            allowed = {id(v) for v in olds}
-            for snap in snaps:
-                allowed.update(id(v) for v in snap[0].values())
-                for _, saved in snap[4].values():
-                    allowed.update(
-                        id(x) for x in (saved.values() if type(saved) is dict else saved)
-                    )
-            leak = find_leak(named_modules, allowed)
-        if not ok or leak:
-            for (_, m), snap in zip(named_modules, snaps):
-                _restore(m, snap)
-    if leak:
-        raise TracerLeakError(LEAK_HELP.format(what=leak))
+        check_and_restore(snaps, named_modules, ok, {id(v) for v in olds})

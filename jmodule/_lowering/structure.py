@@ -2,8 +2,9 @@
 
 ``describe(module)`` walks the tree once and returns a hashable key (what a
 compiled program depends on: classes, names, mode, hooks, requires_grad,
-plain attributes) plus the ordered slots of its state. It is cached on the
-module until the global structure epoch moves.
+plain attributes) plus the ordered slots of its state (from
+``state.tree_slots``). It is cached on the module until the module's version
+moves (``state.touch``: a change anywhere in its own tree).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jmodule._lowering import binding
-from jmodule._lowering.binding import Slot
+from jmodule._lowering import state
+from jmodule._lowering.state import Slot
 
 
 @dataclass(frozen=True)
@@ -21,19 +22,20 @@ class ModuleInfo:
     """What a compiled program depends on, for one module of the tree."""
 
     cls: str
-    stamp: int
+    #: Identity of the module's plain attributes (a new token on every write).
+    stamp: object
     training: bool
     pre_hooks: tuple[int, ...]
     hooks: tuple[int, ...]
     backward_hooks: tuple[int, ...]
-    params: tuple[tuple[str, bool], ...]
+    params: tuple[tuple[str, bool | None], ...]
     buffers: tuple[str, ...]
     children: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Description:
-    """A module tree's structure key, state slots and their dotted names."""
+    """A tree's structure key, state slots and their dotted names."""
 
     key: tuple
     infos: dict[str, ModuleInfo]
@@ -44,59 +46,53 @@ class Description:
     #: compute gradients (``jm.compile``); a plain forward never touches them.
     grad_slots: tuple[Slot, ...] = ()
     grad_names: tuple[str, ...] = ()
+    #: Per slot in ``slots``: the Parameter whose value it holds, or None.
+    cells: tuple[Any, ...] = ()
+    #: The version of the described object this description is valid for.
+    version: int = -1
 
 
 def describe(root: Any) -> Description:
-    """Describe ``root``'s tree, reusing the cached description when valid."""
-    cached = root.__dict__.get("_jm_desc")
-    if cached is not None and cached[0] == binding.EPOCH.value:
-        return cached[1]
+    """Describe ``root``'s tree, reusing the cached description while its version holds."""
+    d = root.__dict__
+    cached = d.get("_jm_desc")
+    if cached is not None and cached.version == d.get("_jm_version", 0):
+        return cached
+    tree = state.tree_slots(root, grads=True)
     infos: dict[str, ModuleInfo] = {}
-    slots: list[Slot] = []
-    names: list[str] = []
-    grad_slots: list[Slot] = []
-    grad_names: list[str] = []
-    seen: set[int] = set()
-    named_modules = tuple(root.named_modules())
-    for path, m in named_modules:
-        d = m.__dict__
-        dot = path + "." if path else ""
-        params = []
-        for name, p in d["_parameters"].items():
-            params.append((name, None if p is None else p.requires_grad))
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                slots.append((p.__dict__, "_value"))
-                names.append(dot + name)
-                grad_slots.append((p.__dict__, "grad"))
-                grad_names.append(dot + name + ".grad")
-        buffers = []
-        for name, b in d["_buffers"].items():
-            buffers.append(name if b is not None else name + "=None")
-            if b is not None:
-                slots.append((d["_buffers"], name))
-                names.append(dot + name)
+    for path, m in tree.named_modules:
+        md = m.__dict__
         infos[path] = ModuleInfo(
             cls=type(m).__qualname__,
-            stamp=d["_stamp"],
-            training=d["training"],
-            pre_hooks=tuple(d["_forward_pre_hooks"]),
-            hooks=tuple(d["_forward_hooks"]),
-            backward_hooks=(*d["_backward_pre_hooks"], *d["_backward_hooks"]),
-            params=tuple(params),
-            buffers=tuple(buffers),
-            children=tuple(k for k, v in d["_modules"].items() if v is not None),
+            stamp=md.get("_stamp"),
+            training=md["training"],
+            pre_hooks=tuple(md["_forward_pre_hooks"]),
+            hooks=tuple(md["_forward_hooks"]),
+            backward_hooks=(*md["_backward_pre_hooks"], *md["_backward_hooks"]),
+            params=tuple(
+                (name, None if p is None else p.requires_grad)
+                for name, p in md["_parameters"].items()
+            ),
+            buffers=tuple(
+                name if b is not None else name + "=None" for name, b in md["_buffers"].items()
+            ),
+            children=tuple(k for k, v in md["_modules"].items() if v is not None),
         )
+    n = len(tree.slots) - len(tree.params)  # the grad slots come last
+    params = iter(tree.params)
     desc = Description(
         key=tuple(infos.items()),
         infos=infos,
-        slots=tuple(slots),
-        names=tuple(names),
-        named_modules=named_modules,
-        grad_slots=tuple(grad_slots),
-        grad_names=tuple(grad_names),
+        slots=tree.slots[:n],
+        names=tree.names[:n],
+        named_modules=tree.named_modules,
+        grad_slots=tree.slots[n:],
+        grad_names=tree.names[n:],
+        cells=tuple(next(params) if k == "param" else None for k in tree.kinds[:n]),
+        # Read after the walk: enumerating may link parameters, never touch them.
+        version=d.get("_jm_version", 0),
     )
-    root.__dict__["_jm_desc"] = (binding.EPOCH.value, desc)
+    d["_jm_desc"] = desc
     return desc
 
 
@@ -152,6 +148,6 @@ def structural_change(old: dict[str, ModuleInfo], new: dict[str, ModuleInfo]) ->
             return f"children of {_where(path)} changed"
         if o.cls != n.cls:
             return f"class of {_where(path)} changed ({o.cls} -> {n.cls})"
-        if o.stamp != n.stamp:
+        if o.stamp is not n.stamp:
             return f"an attribute of {_where(path)} was set"
     return "global hooks or a stateful argument changed"

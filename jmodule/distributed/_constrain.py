@@ -7,7 +7,8 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from jmodule.nn.parameter import _ArrayLike, as_array
+from jmodule._lowering.state import Cell
+from jmodule.nn.parameter import as_array
 
 __all__ = ["constrain"]
 
@@ -53,5 +54,5 @@ def constrain(x: Any, spec: PartitionSpec | Sharding, mesh: Mesh | None = None) 
         raise TypeError(
             f"constrain expects a jax.sharding.PartitionSpec or Sharding, got {type(spec).__name__}"
         )
-    x = jax.tree_util.tree_map(as_array, x, is_leaf=lambda v: isinstance(v, _ArrayLike))
+    x = jax.tree_util.tree_map(as_array, x, is_leaf=lambda v: isinstance(v, Cell))
     return jax.lax.with_sharding_constraint(x, spec)

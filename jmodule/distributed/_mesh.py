@@ -16,8 +16,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from jmodule._lowering.state import Cell
 from jmodule.distributed._rules import axis_size
-from jmodule.nn.parameter import _ArrayLike
 
 __all__ = ["make_mesh", "replicated", "shard_batch"]
 
@@ -98,7 +98,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def _put(x: Any, sharding: NamedSharding) -> jax.Array:
-    if isinstance(x, _ArrayLike):
+    if isinstance(x, Cell):
         x = x.data
     if jax.process_count() == 1:
         return jax.device_put(x, sharding)
@@ -134,4 +134,4 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | tuple[str, ...] = "data") ->
             )
         return _put(x, sharding)
 
-    return jax.tree_util.tree_map(put, batch, is_leaf=lambda x: isinstance(x, _ArrayLike))
+    return jax.tree_util.tree_map(put, batch, is_leaf=lambda x: isinstance(x, Cell))

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jmodule._lowering import binding
+from jmodule._lowering import state
 
 __all__ = [
     "Rules",
@@ -139,17 +139,9 @@ class Placement:
 
 def _entries(module: Any, prefix: str, recurse: bool) -> Iterator[tuple[str, dict, str, bool]]:
     """``(name, container, key, is_param)`` of every parameter (once) and buffer."""
-    seen: set[int] = set()
-    modules = module.named_modules(prefix=prefix) if recurse else [(prefix, module)]
-    for path, m in modules:
-        dot = path + "." if path else ""
-        for name, p in m._parameters.items():
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                yield dot + name, p.__dict__, "_value", True
-        for name, b in m._buffers.items():
-            if b is not None:
-                yield dot + name, m._buffers, name, False
+    tree = state.tree_slots(module, prefixes=[prefix + "." if prefix else ""], recurse=recurse)
+    for (container, key), name, kind in zip(tree.slots, tree.names, tree.kinds):
+        yield name, container, key, kind == "param"
 
 
 def _decide(
@@ -268,6 +260,7 @@ def shard(module: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
     """
     placements = _plan(module, mesh, rules)
     _move(placements, put)
+    state.touch(module)
     return module
 
 
@@ -361,7 +354,6 @@ def _move(placements: list[Placement], put: Callable[[Any, NamedSharding], Any])
         )
         if p.is_param and p.container.get("grad") is not None:
             p.container["grad"] = put(p.container["grad"], p.sharding)
-    binding.bump()
 
 
 def allocate(module: Any, mesh: Mesh, rules: Rules | None, recurse: bool = True) -> Any:
@@ -378,7 +370,7 @@ def allocate(module: Any, mesh: Mesh, rules: Rules | None, recurse: bool = True)
         p.container[p.key] = jnp.zeros(value.shape, value.dtype, device=p.sharding)
         if p.is_param:
             p.container["grad"] = None
-    binding.bump()
+    state.touch(module)
     return module
 
 

@@ -19,8 +19,8 @@ from typing import Any, BinaryIO
 import jax
 import numpy as np
 
-from jmodule._lowering.binding import LOCK
-from jmodule._lowering.compiled import _RNG_NAME
+from jmodule._lowering import state as _state
+from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 from jmodule.jit import _format, _spec
 from jmodule.jit._code import ConstMap
 from jmodule.jit._errors import (
@@ -125,7 +125,7 @@ def save(
             "jm.jit.trace(model, example_inputs) or jm.jit.script(model)."
         )
     loaded = m.__dict__["_jm_loaded"]
-    with LOCK:
+    with _state.lock(m.module):
         if loaded is not None:
             meta = {k: v for k, v in loaded.meta.items() if k not in ("tree", "arrays", "extra")}
             blob = loaded.blob

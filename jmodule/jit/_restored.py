@@ -18,8 +18,8 @@ from typing import Any
 import jax
 
 from jmodule import random as _random
-from jmodule._lowering import binding, structure
-from jmodule._lowering.compiled import _RNG_NAME
+from jmodule._lowering import state, structure
+from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 from jmodule.jit import _spec
 from jmodule.jit._errors import JitError
 from jmodule.nn.modules.module import Module
@@ -59,10 +59,14 @@ class _RestoredWithExtraState(RestoredModule):
         self.__dict__["_jm_extra_state"] = state
 
 
+def _slot_id(slot: tuple) -> tuple[int, str]:
+    return (id(slot[0]), slot[1])
+
+
 def describe_tree(root: Module) -> list[dict[str, Any]]:
     """The structure of ``root``'s tree as JSON: each module once, in ``named_modules`` order."""
     desc = structure.describe(root)
-    slot_names = {(id(c), k): n for (c, k), n in zip(desc.slots, desc.names)}
+    slot_names = {_slot_id(s): n for s, n in zip(desc.slots, desc.names)}
     modules = list(root.named_modules())
     index = {id(m): i for i, (_, m) in enumerate(modules)}
     entries = []
@@ -75,13 +79,13 @@ def describe_tree(root: Module) -> list[dict[str, Any]]:
             "training": bool(d["training"]),
             "version": getattr(m, "_version", 1),
             "params": [
-                [n, None if p is None else slot_names[(id(p.__dict__), "_value")], _rg(p)]
+                [n, None if p is None else slot_names[_slot_id(state.value_slot(p))], _rg(p)]
                 for n, p in d["_parameters"].items()
             ],
             "buffers": [
                 [
                     n,
-                    None if b is None else slot_names[(id(d["_buffers"]), n)],
+                    None if b is None else slot_names[_slot_id((d["_buffers"], n))],
                     n not in d["_non_persistent_buffers_set"],
                 ]
                 for n, b in d["_buffers"].items()
@@ -138,7 +142,6 @@ def restore_tree(entries: Sequence[dict[str, Any]], state: dict[str, Any]) -> Re
     for entry, m in zip(entries, modules):
         for name, child in entry["children"]:
             m.__dict__["_modules"][name] = None if child is None else modules[child]
-    binding.bump()
     return modules[0]
 
 

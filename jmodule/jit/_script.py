@@ -25,8 +25,7 @@ from typing import Any, BinaryIO
 
 import jax
 
-from jmodule._lowering import binding
-from jmodule._lowering.binding import LOCK
+from jmodule._lowering import state
 from jmodule._lowering.compiled import CompiledForward, _forward_arg_names, _is_param
 from jmodule.jit import _code, _errors, _graph
 from jmodule.jit._debug import DebugOptions, WithDumps, WithFallback
@@ -52,9 +51,9 @@ _FALLBACK_WARNING = (
 
 @dataclass
 class _Views:
-    """The traces behind the views, valid for one structure epoch and one signature."""
+    """The traces behind the views, valid for one version of the module and one signature."""
 
-    epoch: int
+    version: int
     signature: Signature
     traced: Traced  # symbolic in the batch with dynamic_batch
     constraint: str = ""
@@ -129,6 +128,8 @@ class ScriptModule(Module):
                 d[name] = module.__dict__[name]
         d["training"] = module.training
         d["_jm_module"] = module
+        # Hooks, mode and attributes set on the wrapper are changes of the module it runs.
+        state.link(self, module)
         d["_jm_debug"] = debug_options
         d["_jm_dynamic_batch"] = bool(dynamic_batch)
         d["_jm_fallback"] = fallback
@@ -169,7 +170,6 @@ class ScriptModule(Module):
     def training(self, mode: bool) -> None:
         self.module.training = mode
         self.__dict__["training"] = mode
-        binding.bump()
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -288,7 +288,7 @@ class ScriptModule(Module):
         options = d["_jm_debug"]
         os.makedirs(options.save_dir, exist_ok=True)
         prefix = options.prefix or self.original_name
-        with LOCK:
+        with state.lock(self.module):
             pending, d["_jm_pending"] = d["_jm_pending"], []
             for number, reason, signature in pending:
                 traced = FlatForward(self.module, self._traced_forward).trace(signature)
@@ -334,14 +334,14 @@ class ScriptModule(Module):
         loaded = d["_jm_loaded"]
         if loaded is not None:
             raise AssertionError("loaded programs keep their views as text")
-        with LOCK:
+        with state.lock(self.module):
             signature = d["_jm_signature"]
             if signature is None:
                 raise NotTracedError(_NOT_TRACED.format(name=self._label(), what=what))
             views = d["_jm_views"]
             if (
                 views is not None
-                and views.epoch == binding.EPOCH.value
+                and views.version == state.version(self.module)
                 and views.signature is signature
             ):
                 return views
@@ -350,7 +350,7 @@ class ScriptModule(Module):
                 traced, constraint = trace_symbolic(flat.trace, signature)
             else:
                 traced, constraint = flat.trace(signature), ""
-            views = _Views(binding.EPOCH.value, signature, traced, constraint)
+            views = _Views(state.version(self.module), signature, traced, constraint)
             d["_jm_views"] = views
             return views
 
@@ -359,7 +359,7 @@ class ScriptModule(Module):
             if not self.__dict__["_jm_dynamic_batch"]:
                 views.concrete = views.traced
             else:
-                with LOCK:
+                with state.lock(self.module):
                     flat = FlatForward(self.module, self._traced_forward)
                     views.concrete = flat.trace(views.signature)
         return views.concrete
@@ -412,7 +412,7 @@ class ScriptModule(Module):
                     "run: ns = {'CONSTANTS': constants}; exec(code, ns); "
                     "out = ns['forward'](module, *args)",
                 ]
-                with LOCK:
+                with state.lock(self.module):
                     names = _graph.input_names(concrete, self.__dict__["_jm_arg_names"])
                     code, consts = _code.render(
                         concrete, names, self.__dict__["_jm_arg_names"], header

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jmodule._lowering.compiled import Static
+from jmodule._lowering.program import Static
 from jmodule.jit._errors import JitError
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str", complex: "complex"}

@@ -20,8 +20,8 @@ from typing import Any
 import jax
 
 from jmodule import random as _random
-from jmodule._lowering import binding, structure
-from jmodule._lowering.compiled import _RNG_NAME, Static, unwrap_static, wrap_leaf
+from jmodule._lowering import binding, state, structure
+from jmodule._lowering.program import Static, describe_args, unwrap_static, wrap_leaf
 from jmodule.jit._errors import TracingError
 
 Forward = Callable[[Sequence[Any], tuple, dict], Any]
@@ -53,12 +53,10 @@ class Signature:
     @classmethod
     def of(cls, args: tuple, kwargs: dict) -> Signature:
         """The signature of a call (leaves may be arrays, tracers or Static)."""
-        from jmodule._lowering.compiled import _is_param
-
         wrapped = jax.tree_util.tree_map(
             lambda x: x if _is_static(x) else wrap_leaf(x),
             (tuple(args), dict(kwargs)),
-            is_leaf=lambda x: _is_static(x) or _is_param(x),
+            is_leaf=lambda x: _is_static(x) or state.is_cell(x),
         )
         tree = jax.tree_util.tree_map(
             lambda x: x if _is_static(x) else spec_of(x), wrapped, is_leaf=_is_static
@@ -72,10 +70,8 @@ class Signature:
 
     def describe(self, arg_names: Sequence[str] | None) -> str:
         """``x: f32[8,16], scale=2.0`` for headers and messages."""
-        from jmodule._lowering.compiled import _describe_args
-
         parts = []
-        for name, sig in _describe_args(*self.tree, arg_names).items():
+        for name, sig in describe_args(*self.tree, arg_names).items():
             if sig[0] == "value":
                 parts.append(f"{name}={sig[1]!r}")
             else:
@@ -119,16 +115,16 @@ class Traced:
 class FlatForward:
     """``forward`` over flat lists of arrays, bound to a module's current state.
 
-    Make one under ``binding.LOCK`` and trace it before the structure changes.
+    Make one holding the module's lock (``state.lock``) and trace it before the
+    structure changes.
     """
 
     def __init__(self, module: Any, forward: Forward):
         desc = structure.describe(module)
         self.module = module
         self.forward = forward
-        _random.default_generator.materialize()
-        self.slots = (*desc.slots, (_random.default_generator.__dict__, "_key"))
-        self.names = (*desc.names, _RNG_NAME)
+        self.slots = (*desc.slots, state.rng_slot(_random.default_generator))
+        self.names = (*desc.names, state.RNG_NAME)
         self.named_modules = desc.named_modules
         self.changed: tuple[int, ...] = ()
         self.out_tree: Any = None

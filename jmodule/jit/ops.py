@@ -27,6 +27,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from jmodule import random as _random
+from jmodule._lowering import state as _state
 
 __all__ = [
     "RNG_KEY",
@@ -113,9 +114,7 @@ def attribute_for(name: str) -> str:
 
 
 def _raw(x: Any) -> Any:
-    from jmodule.nn.parameter import _ArrayLike
-
-    return x.__dict__["_value"] if isinstance(x, _ArrayLike) else x
+    return _state.value(x)
 
 
 def get(state: Any, name: str) -> Any:
@@ -131,7 +130,7 @@ def get(state: Any, name: str) -> Any:
     owner, _, attr = name.rpartition(".")
     module = state.get_submodule(owner)
     if attr in module._parameters:
-        return module._parameters[attr].__dict__["_value"]
+        return _state.read(module._parameters[attr])
     if attr in module._buffers:
         return module._buffers[attr]
     raise AttributeError(f"{type(module).__name__} has no parameter or buffer {attr!r}")
@@ -148,7 +147,7 @@ def set(state: Any, name: str, value: Any) -> None:
     owner, _, attr = name.rpartition(".")
     module = state.get_submodule(owner)
     if attr in module._parameters:
-        module._parameters[attr].__dict__["_value"] = value
+        _state.assign(module._parameters[attr], value)
     else:
         setattr(module, attr, value)
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jmodule import random as _random
-from jmodule._lowering import binding
+from jmodule._lowering import binding, state
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter
 
@@ -129,7 +129,7 @@ class FlaxModule(Module):
             if impl is not None:
                 value = jax.random.key_data(value)
             if is_param:
-                owner._parameters[name].__dict__["_value"] = value
+                state.assign(owner._parameters[name], value)
             else:
                 setattr(owner, name, value)
         return out
@@ -168,32 +168,23 @@ def to_flax(model: Module) -> Any:
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             inner = self.inner
-            params = dict(inner.named_parameters())
-            buffer_slots = _buffer_slots(inner)
-            slots = [(p.__dict__, "_value") for p in params.values()]
-            slots += [buffer_slots[name] for name in self.buffers]
-            slots.append((_random.default_generator.__dict__, "_key"))
-            values = [self.params[name][...] for name in params]
-            values += [self.buffers[name][...] for name in self.buffers]
-            values.append(self.rng[...])
-            with binding.bound(slots, values, tuple(inner.named_modules())):
+            tree = state.tree_slots(inner, rng=_random.default_generator)
+            holders = {"param": self.params, "buffer": self.buffers}
+            variables = [
+                self.rng if kind == "rng" else holders[kind][name]
+                for name, kind in zip(tree.names, tree.kinds)
+            ]
+            values = [v[...] for v in variables]
+            with binding.bound(tree.slots, values, tree.named_modules):
                 out = inner(*args, **kwargs)
-                after = [c[k] for c, k in slots]
-            n = len(params)
-            for name, old, new in zip(self.buffers, values[n:-1], after[n:-1]):
-                if new is not old:
-                    self.buffers[name][...] = new
-            if after[-1] is not values[-1]:
-                self.rng[...] = after[-1]
+                after = [c[k] for c, k in tree.slots]
+            for kind, variable, old, new in zip(tree.kinds, variables, values, after):
+                if kind != "param" and new is not old:
+                    variable[...] = new
             return out
 
     return JModule(model)
 
 
-def _buffer_slots(model: Module) -> dict[str, tuple[dict, str]]:
-    out = {}
-    for path, m in model.named_modules():
-        for name, b in m._buffers.items():
-            if b is not None:
-                out[(path + "." if path else "") + name] = (m._buffers, name)
-    return out
+# An NNX module assigned to a jmodule module's attribute becomes a FlaxModule.
+Module._nnx_adapter = FlaxModule

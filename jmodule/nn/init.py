@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule import random as _random
-from jmodule.nn.parameter import _ArrayLike
+from jmodule._lowering import state
 
 __all__ = [
     "calculate_gain",
@@ -40,12 +40,12 @@ __all__ = [
 
 
 def _value(tensor: Any) -> Any:
-    return tensor.__dict__["_value"] if isinstance(tensor, _ArrayLike) else tensor
+    return state.peek(tensor) if state.is_cell(tensor) else tensor
 
 
 def _store(tensor: Any, new: Any) -> Any:
-    if isinstance(tensor, _ArrayLike):
-        tensor.__dict__["_value"] = new
+    if state.is_cell(tensor):
+        state.assign(tensor, new)
         return tensor
     return new
 

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._lowering import state
+
 __all__ = [
     "PACK_MAX_ELEMENTS",
     "Bucket",
@@ -124,7 +126,7 @@ class Bucket:
         self.public_order = tuple(public_order)
         self.params = tuple(params)
         self.index = {id(p): j for j, p in enumerate(self.params)}
-        self.shapes = tuple(tuple(p.__dict__["_value"].shape) for p in self.params)
+        self.shapes = tuple(tuple(state.peek(p).shape) for p in self.params)
         self.sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
         self.starts = tuple(int(s) for s in np.cumsum((0, *self.sizes[:-1])))
         self.total = sum(self.sizes)
@@ -244,7 +246,7 @@ class SharedBucket(Bucket):
         return name if name in self.per_param else f"{name}[{j}]"
 
     def _pack(self, records: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
-        ref = self.params[0].__dict__["_value"]
+        ref = state.peek(self.params[0])
         store = {}
         for pub, name in self.layout:
             parts = [(public if pub else hidden)[name] for public, hidden in records]

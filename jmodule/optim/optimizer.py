@@ -24,9 +24,7 @@ recompiles.
 
 from __future__ import annotations
 
-import functools
 import operator
-import types
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -37,7 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jmodule._lowering import binding, structure
+from jmodule._lowering import state as _state
+from jmodule._lowering import structure
+from jmodule.autograd import step_closure
 from jmodule.nn.parameter import Parameter, as_array
 from jmodule.optim._packed import (
     Bucket,
@@ -62,12 +62,6 @@ CHANGED_INSIDE_HELP = (
     "options as inputs when it is called, so a change made while it runs would be lost. "
     "Change them (or step the LR scheduler) outside the compiled function."
 )
-NESTED_BACKWARD_HELP = (
-    "The closure given to {cls}.step() computed gradients itself (it called jm.backward), "
-    "but its code does not name `backward`, so the optimizer took it for a closure that "
-    "only returns the loss and was already differentiating it. Either call jm.backward "
-    "directly in the closure's body (PyTorch style), or return the loss without calling it."
-)
 
 
 def _leaf_name(path: tuple) -> tuple[str, ...]:
@@ -79,26 +73,6 @@ def _leaf_name(path: tuple) -> tuple[str, ...]:
                 out.append(str(getattr(k, attr)))
                 break
     return tuple(out)
-
-
-def _names_backward(fn: Any, depth: int = 0) -> bool:
-    """Whether ``fn``'s code (nested functions included) names ``backward``."""
-    if depth > 3:
-        return False
-    if isinstance(fn, functools.partial):
-        return _names_backward(fn.func, depth + 1)
-    if isinstance(fn, types.MethodType):
-        return _names_backward(fn.__func__, depth + 1)
-    code = getattr(fn, "__code__", None)
-    if code is None:  # a callable object: look at its class's __call__
-        return callable(fn) and _names_backward(type(fn).__call__, depth + 1)
-
-    def scan(c: types.CodeType) -> bool:
-        if "backward" in c.co_names:
-            return True
-        return any(isinstance(k, types.CodeType) and scan(k) for k in c.co_consts)
-
-    return scan(code)
 
 
 class Optimizer:
@@ -237,6 +211,8 @@ class Optimizer:
                 )
         if any(id(p) in seen for p in params):
             raise ValueError("some parameters appear in more than one parameter group")
+        for p in params:  # a change of requires_grad moves this optimizer's version
+            _state.link(p, self)
         self.param_groups.append(param_group)
         self._version += 1
 
@@ -269,8 +245,8 @@ class Optimizer:
                 once and its loss returned. A closure that only returns the
                 loss is differentiated for you, as ``opt.zero_grad()`` then
                 ``jm.backward(closure)`` would (once, in one pass). Which kind
-                it is comes from its code: one whose body names ``backward``
-                is taken as PyTorch style.
+                it is shows while it runs: one that calls ``jm.backward``
+                (under any name, at any depth) is PyTorch style.
 
         Returns:
             The closure's loss, or None without a closure.
@@ -286,25 +262,13 @@ class Optimizer:
         return loss
 
     def _run_closure(self, closure: Callable[[], Any]) -> Any:
-        if _names_backward(closure):
-            return closure()
-        from jmodule.autograd import backward
-
         mine = [p for group in self.param_groups for p in group["params"]]
-        cls = type(self).__name__
-
-        def loss_only() -> Any:
-            loss = closure()
-            if any(p.grad is not None for p in mine):
-                raise RuntimeError(NESTED_BACKWARD_HELP.format(cls=cls))
-            return loss
-
-        self.zero_grad()
         try:
-            return backward(loss_only)
+            return step_closure(closure, mine)
         except BaseException:
-            for p in mine:  # back to what zero_grad() left (no stray tracers)
-                p.grad = None
+            for p in mine:  # back to what zero_grad() leaves (no stray tracers)
+                if isinstance(p.grad, jax.core.Tracer) and not _state.is_bound(p.__dict__):
+                    p.grad = None
             raise
 
     def _hyper_array(self, i: int, group: dict[str, Any]) -> jax.Array | None:
@@ -312,7 +276,7 @@ class Optimizer:
         if not self._hyper:
             return None
         key = str(i)
-        if binding.is_bound(self._hp):
+        if _state.is_bound(self._hp):
             floats = self._hyper_floats(group)
             if floats != self._hp_floats[key]:
                 changed = next(
@@ -334,11 +298,11 @@ class Optimizer:
         if self._hp_floats.get(key) != floats:
             self._hp_floats[key] = floats
             self._hp[key] = replicated_like(
-                np.asarray(floats, dtype=np.float32), group["params"][0].__dict__["_value"]
+                np.asarray(floats, dtype=np.float32), _state.peek(group["params"][0])
             )
 
     def _check_bound(self, container: dict, value: Any) -> None:
-        if isinstance(value, jax.core.Tracer) and not binding.is_bound(container):
+        if isinstance(value, jax.core.Tracer) and not _state.is_bound(container):
             raise RuntimeError(NOT_GIVEN_HELP.format(cls=type(self).__name__))
 
     def _jit(self, key: Any, make: Callable[[], Callable]) -> Callable:
@@ -354,7 +318,7 @@ class Optimizer:
         snap = self._options_seen
         if (
             snap is not None
-            and snap[0] == (self._version, self._parted)
+            and snap[0] == (self._version, self._parted, _state.version(self))
             and len(snap[1]) == len(self.param_groups)
         ):
             # The per-call path: every option is the very object seen last time.
@@ -365,16 +329,16 @@ class Optimizer:
                     break
             else:
                 return self._desc  # type: ignore[return-value]
-        sig = (self._version, self._structure_key(), self._parted)
+        sig = (self._version, self._structure_key(), self._parted, _state.version(self))
         if sig != self._desc_sig:
             self._prepare_all()
-            sig = (self._version, self._structure_key(), self._parted)
+            sig = (self._version, self._structure_key(), self._parted, _state.version(self))
             slots: list = []
             names: list[str] = []
             index = 0
             for i, group in enumerate(self.param_groups):
                 for p in group["params"]:
-                    slots += [(p.__dict__, "_value"), (p.__dict__, "grad")]
+                    slots += [_state.value_slot(p), _state.grad_slot(p)]
                     names += [f"params[{index}]", f"params[{index}].grad"]
                     index += 1
                 if self._hyper:
@@ -389,7 +353,7 @@ class Optimizer:
             for i, group in enumerate(self.param_groups):
                 self._refresh_hyper(str(i), group)
         self._options_seen = (
-            (self._version, self._parted),
+            (self._version, self._parted, _state.version(self)),
             [
                 (tuple(v for v in g.values()), len(g["params"]))
                 if not any(isinstance(v, (list, dict, set)) and k != "params" for k, v in g.items())
@@ -469,6 +433,9 @@ class Optimizer:
         apply()
         self._version += 1
 
+    def __getstate__(self) -> dict:
+        return _state.without_private(self.__dict__)
+
     def __repr__(self) -> str:
         out = type(self).__name__ + " ("
         for i, group in enumerate(self.param_groups):
@@ -488,7 +455,7 @@ class Optimizer:
     def _group_init(self, i: int, group: dict[str, Any]) -> None:
         tx = self._tx
         assert tx is not None
-        tree = tx.init([p.__dict__["_value"] for p in group["params"]])
+        tree = tx.init([_state.peek(p) for p in group["params"]])
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
         self._group_state[i] = {jax.tree_util.keystr(path): leaf for path, leaf in flat}
         self._group_treedef[i] = treedef
@@ -501,12 +468,12 @@ class Optimizer:
 
     def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
         if i not in self._group_state:
-            if any(isinstance(p.__dict__["_value"], jax.core.Tracer) for p in group["params"]):
+            if any(isinstance(_state.peek(p), jax.core.Tracer) for p in group["params"]):
                 raise RuntimeError(NOT_GIVEN_HELP.format(cls=type(self).__name__))
             self._group_init(i, group)
         store = self._group_state[i]
         if store:  # a stateless transformation (optax.sgd) has nothing to carry
-            self._check_bound(store, params[0].__dict__["_value"])
+            self._check_bound(store, _state.peek(params[0]))
         treedef = self._group_treedef[i]
         keys = tuple(store)  # treedef order (a dict argument comes back key-sorted)
         tx = self._tx
@@ -526,12 +493,12 @@ class Optimizer:
             return update
 
         members = group["params"]
-        values = [p.__dict__["_value"] for p in members]
+        values = [_state.peek(p) for p in members]
         grads = [p.grad for p in members]
         new_values, new_leaves = self._jit(("group", i, treedef, keys), make)(values, grads, store)
         for p, v in zip(members, new_values):
             if p.grad is not None:
-                p.__dict__["_value"] = v
+                _state.assign(p, v)
         store.update(new_leaves)
 
     def _state_slots(self) -> tuple[list, list[str]]:
@@ -568,7 +535,7 @@ class Optimizer:
         fresh: dict[int, dict[str, Any]] = {}
         treedefs: dict[int, Any] = {}
         for i, group in enumerate(groups):
-            tree = self._tx.init([p.__dict__["_value"] for p in group["params"]])
+            tree = self._tx.init([_state.peek(p) for p in group["params"]])
             flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
             want = {jax.tree_util.keystr(path): leaf for path, leaf in flat}
             got = saved[i] if i < len(saved) else {}
@@ -687,11 +654,11 @@ class TorchOptimizer(Optimizer):
         rec = self._records.get(p)
         if rec is not None and rec[0] == cfg:
             return rec
-        if isinstance(p.__dict__["_value"], jax.core.Tracer):
+        if isinstance(_state.peek(p), jax.core.Tracer):
             if rec is None:
                 raise RuntimeError(NOT_GIVEN_HELP.format(cls=type(self).__name__))
             raise RuntimeError(CHANGED_INSIDE_HELP.format(what="A param group's options were"))
-        public, hidden = self._fresh(cfg, p.__dict__["_value"])
+        public, hidden = self._fresh(cfg, _state.peek(p))
         if rec is not None:  # options changed: keep the entries that still apply
             for old, new in ((rec[1], public), (rec[2], hidden)):
                 for k, v in old.items():
@@ -721,7 +688,7 @@ class TorchOptimizer(Optimizer):
         per-parameter records, records are made or updated for every
         parameter, and the small ones are packed again.
         """
-        sig = (self._version, self._structure_key())
+        sig = (self._version, self._structure_key(), _state.version(self))
         if sig == self._organized:
             return
         for buckets in self._buckets.values():
@@ -735,7 +702,7 @@ class TorchOptimizer(Optimizer):
         for i, group in enumerate(self.param_groups):
             self._buckets[i] = self._pack_group(group)
         self._version += 1
-        self._organized = (self._version, self._structure_key())
+        self._organized = (self._version, self._structure_key(), _state.version(self))
 
     def _dissolve(self, bucket: Bucket) -> None:
         for p, (public, hidden) in zip(bucket.params, bucket.unpack()):
@@ -774,9 +741,9 @@ class TorchOptimizer(Optimizer):
         flat: dict[tuple, list[Parameter]] = {}
         shared: dict[Any, list[Parameter]] = {}
         for p in group["params"]:
-            if p in self._packed:
-                continue
-            value = p.__dict__["_value"]
+            if p in self._packed or not p.requires_grad:
+                continue  # a frozen parameter gets no gradient: it steps, if ever, alone
+            value = _state.peek(p)
             where = packable(value)
             if where is not None:
                 flat.setdefault(where, []).append(p)
@@ -785,7 +752,7 @@ class TorchOptimizer(Optimizer):
         for where, members in list(flat.items()):
             if len(members) < 2:  # alone: it may still share its count
                 del flat[where]
-                value = members[0].__dict__["_value"]
+                value = _state.peek(members[0])
                 shared.setdefault((where[0], place_of(value)), []).append(members[0])
         buckets = []
         for kind, together in ((Bucket, flat), (SharedBucket, shared)):
@@ -843,7 +810,7 @@ class TorchOptimizer(Optimizer):
 
     def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
         for p in params:  # the lr must come in as an input, not be baked in
-            self._check_bound(self._hp, p.__dict__["_value"])
+            self._check_bound(self._hp, _state.peek(p))
             self._check_bound(self._hp, p.grad)
         self._organize()
         hp = self._hyper_array(i, group)
@@ -882,13 +849,13 @@ class TorchOptimizer(Optimizer):
 
         values, publics, hiddens = self._jit(("param", cfg), make)(
             hp,
-            [p.__dict__["_value"] for p in params],
+            [_state.peek(p) for p in params],
             [p.grad for p in params],
             [rec[1] for rec in records],
             [rec[2] for rec in records],
         )
         for p, rec, v, pub, hid in zip(params, records, values, publics, hiddens):
-            p.__dict__["_value"] = v
+            _state.assign(p, v)
             rec[1].update(pub)
             rec[2].update(hid)
             self._materialize(p, rec[1])
@@ -905,7 +872,7 @@ class TorchOptimizer(Optimizer):
         """
         members = bucket.params
         for p in members:
-            value = p.__dict__["_value"]
+            value = _state.peek(p)
             self._check_bound(bucket.store, value)
             if tuple(value.shape) != bucket.shapes[bucket.index[id(p)]]:
                 self._organized = None  # lay the state out again on the next call
@@ -918,7 +885,7 @@ class TorchOptimizer(Optimizer):
         every = all(mask)
         uniform = bucket.uniform and every
         make = self._shared_update if isinstance(bucket, SharedBucket) else self._flat_update
-        values = [p.__dict__["_value"] for p in members]
+        values = [_state.peek(p) for p in members]
         grads = [p.grad if m else None for p, m in zip(members, mask)]
         fn = self._jit(
             ("bucket", bucket.signature(), mask, uniform),
@@ -927,7 +894,7 @@ class TorchOptimizer(Optimizer):
         new_values, new_store = fn(hp, values, grads, bucket.store)
         stepped = [p for p, m in zip(members, mask) if m]
         for p, v in zip(stepped, new_values):
-            p.__dict__["_value"] = v
+            _state.assign(p, v)
         bucket.store.update(new_store)
         for p in stepped:
             if p not in self.state:
@@ -1057,7 +1024,7 @@ class TorchOptimizer(Optimizer):
                 problems.append(f"state for parameter {k!r}, which no param group lists")
                 continue
             cfg = self._structure(group_of[id(p)])
-            public, hidden = self._fresh(cfg, p.__dict__["_value"])
+            public, hidden = self._fresh(cfg, _state.peek(p))
             if len(saved) == 0:  # torch's defaultdict leaves empty entries behind
                 continue
             missing = [n for n in public if n not in saved]

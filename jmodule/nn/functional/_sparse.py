@@ -20,10 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._lowering import state
 from jmodule.nn.functional._normalization import _norm
 from jmodule.nn.functional._pooling import index_dtype
 from jmodule.nn.functional._utils import concrete, jit
-from jmodule.nn.parameter import _ArrayLike, as_array
+from jmodule.nn.parameter import as_array
 
 __all__ = ["embedding", "embedding_bag", "one_hot"]
 
@@ -66,8 +67,8 @@ def _renorm(weight: Any, idx: jax.Array, max_norm: float, norm_type: float) -> j
     norms = _norm(jax.lax.stop_gradient(w).astype(compute), norm_type, 1)
     scale = jnp.where(used & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
     renormed = (jax.lax.stop_gradient(w).astype(compute) * scale).astype(w.dtype)
-    if isinstance(weight, _ArrayLike):
-        weight.__dict__["_value"] = renormed
+    if state.is_cell(weight):
+        state.assign(weight, renormed)
     return w + jax.lax.stop_gradient(renormed - w)
 
 

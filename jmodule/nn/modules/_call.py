@@ -6,7 +6,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from jmodule._lowering import binding
+from jmodule._lowering import state
+from jmodule._lowering.recorder import BackwardHooks
 from jmodule.nn.modules import _hooks
 from jmodule.nn.modules._hooks import RemovableHandle
 
@@ -41,14 +42,14 @@ class CallMixin:
         >>> h.remove()
         """
         handle = RemovableHandle(
-            self._forward_pre_hooks, extra_dict=self._forward_pre_hooks_with_kwargs
+            self._forward_pre_hooks, extra_dict=self._forward_pre_hooks_with_kwargs, owner=self
         )
         self._forward_pre_hooks[handle.id] = hook
         if with_kwargs:
             self._forward_pre_hooks_with_kwargs[handle.id] = True
         if prepend:
             self._forward_pre_hooks.move_to_end(handle.id, last=False)
-        binding.bump()
+        state.touch(self)
         return handle
 
     def register_forward_hook(
@@ -69,6 +70,7 @@ class CallMixin:
         handle = RemovableHandle(
             self._forward_hooks,
             extra_dict=[self._forward_hooks_with_kwargs, self._forward_hooks_always_called],
+            owner=self,
         )
         self._forward_hooks[handle.id] = hook
         if with_kwargs:
@@ -77,7 +79,7 @@ class CallMixin:
             self._forward_hooks_always_called[handle.id] = True
         if prepend:
             self._forward_hooks.move_to_end(handle.id, last=False)
-        binding.bump()
+        state.touch(self)
         return handle
 
     def register_full_backward_pre_hook(
@@ -89,11 +91,11 @@ class CallMixin:
         ``jm.backward``/``jm.grad``: eagerly with concrete arrays, and in
         compiled code once, when the program is traced.
         """
-        handle = RemovableHandle(self._backward_pre_hooks)
+        handle = RemovableHandle(self._backward_pre_hooks, owner=self)
         self._backward_pre_hooks[handle.id] = hook
         if prepend:
             self._backward_pre_hooks.move_to_end(handle.id, last=False)
-        binding.bump()
+        state.touch(self)
         return handle
 
     def register_full_backward_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
@@ -142,18 +144,17 @@ class CallMixin:
                 "Module. Please use only one of them."
             )
         self.__dict__["_is_full_backward_hook"] = full
-        handle = RemovableHandle(self._backward_hooks)
+        handle = RemovableHandle(self._backward_hooks, owner=self)
         self._backward_hooks[handle.id] = hook
         if prepend:
             self._backward_hooks.move_to_end(handle.id, last=False)
-        binding.bump()
+        state.touch(self)
         return handle
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if binding.GRAD_STACK:
-            from jmodule.autograd import note_call
-
-            note_call(self)
+        recorder = state.local.recorder
+        if recorder is not None:  # a gradient is being taken: it may restore this module
+            recorder.enter(self)
         compiled = self._compiled
         if compiled is not None:
             return compiled(args, kwargs)
@@ -161,9 +162,8 @@ class CallMixin:
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` with the forward hooks, as PyTorch's ``_call_impl``."""
-        backward = bool(binding.GRAD_STACK) and bool(
-            self._backward_hooks or self._backward_pre_hooks
-        )
+        recorder = state.local.recorder
+        backward = recorder is not None and bool(self._backward_hooks or self._backward_pre_hooks)
         if not (
             backward
             or self._forward_pre_hooks
@@ -193,9 +193,7 @@ class CallMixin:
                     if out is not None:
                         args = out if isinstance(out, tuple) else (out,)
             if backward:
-                from jmodule.autograd import BackwardHooks
-
-                bw_hook = BackwardHooks(self)
+                bw_hook = BackwardHooks(self, recorder)
                 args = bw_hook.setup_input_hook(args)
             result = self.forward(*args, **kwargs)
             for hook_id, hook in (

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule import device as _device
-from jmodule._lowering import binding
+from jmodule._lowering import state
 from jmodule.nn.parameter import Parameter
 
 T = TypeVar("T")
@@ -121,13 +121,13 @@ class CastingMixin:
                 module._apply(fn)
         for param in self._parameters.values():
             if param is not None:
-                param.__dict__["_value"] = fn(param.__dict__["_value"])
+                state.assign(param, fn(state.peek(param)))
                 if param.grad is not None:
                     param.grad = fn(param.grad)
         for name, buf in self._buffers.items():
             if buf is not None:
                 self._buffers[name] = fn(buf)
-        binding.bump()
+        state.touch(self)  # dtypes or devices may change what the program is
         return self
 
     def to(self: T, *args: Any, **kwargs: Any) -> T:

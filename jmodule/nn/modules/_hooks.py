@@ -8,7 +8,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from jmodule._lowering import binding
+from jmodule._lowering import hooks as global_hooks
+from jmodule._lowering import state
 
 __all__ = [
     "RemovableHandle",
@@ -28,11 +29,13 @@ class RemovableHandle:
 
     _ids = itertools.count()
 
-    def __init__(self, hooks_dict: OrderedDict, *, extra_dict: Any = None):
+    def __init__(self, hooks_dict: OrderedDict, *, extra_dict: Any = None, owner: Any = None):
         self.id: int = next(RemovableHandle._ids)
         self.hooks_dict_ref = weakref.ref(hooks_dict)
         extras = extra_dict if isinstance(extra_dict, (list, tuple)) else [extra_dict]
         self.extra_dict_ref = tuple(weakref.ref(d) for d in extras if d is not None)
+        # The module whose hook this is (None: a global hook), told when it goes.
+        self.owner_ref = None if owner is None else weakref.ref(owner)
 
     def remove(self) -> None:
         """Remove the hook (a second call does nothing)."""
@@ -40,17 +43,24 @@ class RemovableHandle:
             d = ref()
             if d is not None and self.id in d:
                 del d[self.id]
-        binding.bump()
+        owner = None if self.owner_ref is None else self.owner_ref()
+        if owner is not None:
+            state.touch(owner)
+        elif self.owner_ref is None:
+            _changed()
 
     def __getstate__(self) -> tuple:
         dicts = [self.hooks_dict_ref(), *(r() for r in self.extra_dict_ref)]
-        return (self.id, dicts)
+        owner = None if self.owner_ref is None else self.owner_ref()
+        return (self.id, dicts, owner)
 
-    def __setstate__(self, state: tuple) -> None:
-        self.id, dicts = state
+    def __setstate__(self, saved: tuple) -> None:
+        self.id, dicts, *rest = saved
         first = dicts[0] if dicts[0] is not None else OrderedDict()
         self.hooks_dict_ref = weakref.ref(first)
         self.extra_dict_ref = tuple(weakref.ref(d) for d in dicts[1:] if d is not None)
+        owner = rest[0] if rest else None
+        self.owner_ref = None if owner is None else weakref.ref(owner)
 
     def __enter__(self) -> RemovableHandle:
         return self
@@ -59,11 +69,12 @@ class RemovableHandle:
         self.remove()
 
 
-# Global hooks fire for every module, before the module's own hooks.
-_global_forward_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
-_global_forward_hooks: OrderedDict[int, Callable] = OrderedDict()
-_global_forward_hooks_with_kwargs: OrderedDict[int, bool] = OrderedDict()
-_global_forward_hooks_always_called: OrderedDict[int, bool] = OrderedDict()
+# The registry of global hooks lives with the lowering, which keys programs on it.
+_global_forward_pre_hooks = global_hooks.forward_pre_hooks
+_global_forward_hooks = global_hooks.forward_hooks
+_global_forward_hooks_with_kwargs = global_hooks.forward_hooks_with_kwargs
+_global_forward_hooks_always_called = global_hooks.forward_hooks_always_called
+_changed = global_hooks.changed
 
 
 def register_module_forward_pre_hook(hook: Callable) -> RemovableHandle:
@@ -74,7 +85,7 @@ def register_module_forward_pre_hook(hook: Callable) -> RemovableHandle:
     """
     handle = RemovableHandle(_global_forward_pre_hooks)
     _global_forward_pre_hooks[handle.id] = hook
-    binding.bump()
+    _changed()
     return handle
 
 
@@ -96,10 +107,5 @@ def register_module_forward_hook(
         _global_forward_hooks_with_kwargs[handle.id] = True
     if always_call:
         _global_forward_hooks_always_called[handle.id] = True
-    binding.bump()
+    _changed()
     return handle
-
-
-def global_hook_key() -> tuple:
-    """The global hooks' identity, for compiled-program cache keys."""
-    return (tuple(_global_forward_pre_hooks), tuple(_global_forward_hooks))

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jmodule._lowering import binding
+from jmodule._lowering import state
 from jmodule.nn.modules._hooks import RemovableHandle
 from jmodule.nn.parameter import Parameter, as_array
 
@@ -257,10 +257,10 @@ class StateDictMixin:
             if is_param and isinstance(value, Parameter):  # PyTorch keeps the given Parameter
                 value.requires_grad_(current.requires_grad)
                 self._parameters[name] = value
-                binding.bump()
+                state.touch(self)
             elif is_param:
                 self._parameters[name] = Parameter(arr, requires_grad=current.requires_grad)
-                binding.bump()
+                state.touch(self)
             else:
                 self._buffers[name] = arr
             return
@@ -275,7 +275,7 @@ class StateDictMixin:
             )
             return
         if is_param:
-            current.__dict__["_value"] = _place_like(value, current.data)
+            state.assign(current, _place_like(value, state.peek(current)))
         else:
             self._buffers[name] = _place_like(value, current)
 
@@ -361,9 +361,7 @@ class StateDictMixin:
 def _snapshot(root: Any) -> list[tuple]:
     snap = []
     for module in root.modules():
-        values = {
-            id(p): (p, p.__dict__["_value"]) for p in module._parameters.values() if p is not None
-        }
+        values = {id(p): (p, state.peek(p)) for p in module._parameters.values() if p is not None}
         # Extra state can be put back only when the module can both give and take it.
         restorable = module._has_extra_state() and module._takes_extra_state()
         extra = (copy.deepcopy(module.get_extra_state()),) if restorable else None
@@ -376,12 +374,12 @@ def _restore(snapshot: list[tuple]) -> None:
         module._parameters.clear()
         module._parameters.update(params)
         for p, value in values.values():
-            p.__dict__["_value"] = value
+            state.assign(p, value)
         module._buffers.clear()
         module._buffers.update(buffers)
         if extra is not None:
             module.set_extra_state(extra[0])
-    binding.bump()
+        state.touch(module)
 
 
 def _reshare_buffers(snapshot: list[tuple]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from jmodule._lowering import binding
+from jmodule._lowering import state
 from jmodule.nn.modules.module import Module, _indent
 from jmodule.nn.parameter import Parameter
 
@@ -66,7 +66,7 @@ class Sequential(Module):
         items = list(self._modules.items())
         self._modules.clear()
         self._modules.update((str(i), m) for i, (_, m) in enumerate(items))
-        binding.bump()
+        state.touch(self)
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -131,7 +131,7 @@ class Sequential(Module):
         items.insert(index, module)
         self._modules.clear()
         self._modules.update((str(i), m) for i, m in enumerate(items))
-        binding.bump()
+        state.touch(self)
         return self
 
     def extend(self, sequential: Iterable[Module]) -> Sequential:
@@ -183,7 +183,7 @@ class ModuleList(Module):
         values = list(self._modules.values())
         self._modules.clear()
         self._modules.update((str(i), m) for i, m in enumerate(values))
-        binding.bump()
+        state.touch(self)
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -202,7 +202,7 @@ class ModuleList(Module):
         for i in range(len(self._modules), index, -1):
             self._modules[str(i)] = self._modules[str(i - 1)]
         self._modules[str(index)] = module
-        binding.bump()
+        state.touch(self)
 
     def append(self, module: Module) -> ModuleList:
         """Add ``module`` at the end."""
@@ -271,7 +271,7 @@ class ModuleDict(Module):
 
     def __delitem__(self, key: str) -> None:
         del self._modules[key]
-        binding.bump()
+        state.touch(self)
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -285,7 +285,7 @@ class ModuleDict(Module):
     def clear(self) -> None:
         """Remove every module."""
         self._modules.clear()
-        binding.bump()
+        state.touch(self)
 
     def pop(self, key: str) -> Module:
         """Remove and return the module under ``key``."""

@@ -10,7 +10,6 @@ moves in ``_casting.py``.
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
-from jmodule._lowering import binding
+from jmodule._lowering import binding, state, structure
 from jmodule.nn.modules._call import CallMixin
 from jmodule.nn.modules._casting import CastingMixin
 from jmodule.nn.modules._hooks import RemovableHandle as RemovableHandle
@@ -37,10 +36,8 @@ __all__ = ["Module", "register_module_forward_hook", "register_module_forward_pr
 
 T = TypeVar("T", bound="Module")
 
-_stamps = itertools.count()
-
-# Attributes whose assignment is not a structural change of the module.
-_UNSTAMPED = frozenset({"training", "_compiled", "_jm_desc", "_compile_options"})
+# Attributes whose assignment does not change what the module's forward computes.
+_UNSTAMPED = frozenset({"training", "_compiled", "_compile_options"}) | state.PRIVATE
 
 
 def _typename(obj: Any) -> str:
@@ -84,6 +81,11 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
 
     training: bool
     _version: int = 1
+    #: Its description for compiled programs changes only with its version.
+    _jm_versioned = True
+    #: How a Flax NNX module assigned as an attribute becomes a submodule
+    #: (``FlaxModule``): set by ``jmodule.nn.flax``, which ``jmodule.nn`` imports.
+    _nnx_adapter: Callable[[Any], Module] | None = None
     _compiled: Any = None
     dump_patches: bool = False
     call_super_init: bool = False
@@ -120,8 +122,9 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         ):
             d[name] = OrderedDict()
         d["_is_full_backward_hook"] = None
-        d["_stamp"] = next(_stamps)
-        binding.bump()
+        # A fresh token: the identity of this module's plain attributes (a new one
+        # on every write), part of the structure key of the programs it is in.
+        d["_stamp"] = object()
         if self.call_super_init:  # cooperative multiple inheritance, as PyTorch
             super().__init__(*args, **kwargs)
 
@@ -163,7 +166,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
                 "(jmodule.nn.Parameter or None required)"
             )
         self._parameters[name] = param
-        binding.bump()
+        state.touch(self)
 
     def register_buffer(self, name: str, tensor: Any, persistent: bool = True) -> None:
         """Add a buffer: state that is not a parameter (e.g. running statistics).
@@ -188,7 +191,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             self._non_persistent_buffers_set.discard(name)
         else:
             self._non_persistent_buffers_set.add(name)
-        binding.bump()
+        state.touch(self)
 
     def add_module(self, name: str, module: Module | None) -> None:
         """Add a child module under ``name`` (``None`` is a placeholder)."""
@@ -196,7 +199,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             raise TypeError(f"{_typename(module)} is not a Module subclass")
         self._check_new_name("module", name, self._modules)
         self._modules[name] = module
-        binding.bump()
+        state.touch(self)
 
     def register_module(self, name: str, module: Module | None) -> None:
         """Alias for :meth:`add_module`."""
@@ -214,10 +217,8 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
 
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
-        if _looks_like_nnx(value):
-            from jmodule.nn.flax import FlaxModule
-
-            value = FlaxModule(value)
+        if _looks_like_nnx(value) and Module._nnx_adapter is not None:
+            value = Module._nnx_adapter(value)
         params = d.get("_parameters")
         if isinstance(value, Parameter):
             if params is None:
@@ -239,7 +240,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
                 raise AttributeError("cannot assign module before Module.__init__() call")
             self._forget(name, keep="_modules")
             modules[name] = value
-            binding.bump()
+            state.touch(self)
             return
         if modules is not None and name in modules:
             if value is not None:
@@ -248,7 +249,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
                     "(jmodule.nn.Module or None expected)"
                 )
             modules[name] = value
-            binding.bump()
+            state.touch(self)
             return
         buffers = d.get("_buffers")
         if isinstance(value, Buffer):
@@ -268,10 +269,10 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             )
         object.__setattr__(self, name, value)
         if name not in _UNSTAMPED:
-            d["_stamp"] = next(_stamps)
-            binding.bump()
+            d["_stamp"] = object()
+            state.touch(self)
         elif name == "training":  # part of the structure key: compiled calls re-check it
-            binding.bump()
+            state.touch(self)
 
     def _set_buffer(self, buffers: dict, name: str, value: Any) -> None:
         if value is not None and not _is_array(value):
@@ -279,7 +280,10 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
                 f"cannot assign '{_typename(value)}' as buffer '{name}' "
                 "(jmodule.nn.Buffer, jax.Array or None expected)"
             )
-        if isinstance(value, jax.core.Tracer) and not binding.is_bound(buffers):
+        recorder = state.local.recorder
+        if recorder is not None and recorder.owns(value):
+            recorder.note_write(buffers, name)  # a gradient's trace: restored when it ends
+        elif isinstance(value, jax.core.Tracer) and not state.is_bound(buffers):
             raise binding.TracerLeakError(
                 f"Buffer '{name}' of {type(self).__name__} was assigned a traced value, but "
                 "this module's state is not part of the program being traced (a bare "
@@ -290,7 +294,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         if isinstance(value, np.ndarray):
             value = as_array(value)
         if (buffers[name] is None) != (value is None):
-            binding.bump()
+            state.touch(self)
         buffers[name] = value
 
     def _forget(self, name: str, keep: str) -> None:
@@ -308,11 +312,11 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             if name in d[store]:
                 del d[store][name]
                 d["_non_persistent_buffers_set"].discard(name)
-                binding.bump()
+                state.touch(self)
                 return
         object.__delattr__(self, name)
-        d["_stamp"] = next(_stamps)
-        binding.bump()
+        d["_stamp"] = object()
+        state.touch(self)
 
     def __dir__(self) -> list[str]:
         keys = [*dir(type(self)), *self.__dict__, *self._parameters, *self._modules]
@@ -491,7 +495,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         self.__dict__["training"] = mode
         for module in self.children():
             module.train(mode)
-        binding.bump()
+        state.touch(self)
         return self
 
     def eval(self: T) -> T:
@@ -552,30 +556,26 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
 
         return treescope_repr(self, path, subtree_renderer)
 
-    #: ``_jm_describe()`` changes only when the global structure epoch moves.
-    _jm_epoch_stable = True
-
     def _jm_describe(self) -> Any:
-        """Structure key and state slots, for compiled programs (cached per epoch)."""
-        from jmodule._lowering.structure import describe
-
-        return describe(self)
+        """Structure key and state slots, for compiled programs (cached per version)."""
+        return structure.describe(self)
 
     # ------------------------------------------------------------------ pickling
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        compiled = state.pop("_compiled", None)
-        state.pop("_jm_desc", None)
+        saved = self.__dict__.copy()
+        compiled = saved.pop("_compiled", None)
+        for k in state.PRIVATE:
+            saved.pop(k, None)
         if compiled is not None:
-            state["_compile_options"] = compiled.options
-        return state
+            saved["_compile_options"] = compiled.options
+        return saved
 
-    def __setstate__(self, state: dict) -> None:
-        options = state.pop("_compile_options", None)
-        self.__dict__.update(state)
-        self.__dict__["_stamp"] = next(_stamps)
-        binding.bump()
+    def __setstate__(self, saved: dict) -> None:
+        options = saved.pop("_compile_options", None)
+        self.__dict__.update(saved)
+        self.__dict__["_stamp"] = object()
+        state.touch(self)
         if options is not None:
             self.compile(**options)
 

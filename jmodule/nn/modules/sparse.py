@@ -12,6 +12,7 @@ from typing import Any
 import jax
 
 from jmodule import _factory
+from jmodule._lowering import state
 from jmodule.nn import functional as F
 from jmodule.nn import init
 from jmodule.nn.modules.module import Module
@@ -52,9 +53,9 @@ class _EmbeddingBase(Module):
         self._fill_padding_idx_with_zero()
 
     def _fill_padding_idx_with_zero(self) -> None:
-        value = self.weight.__dict__["_value"]
+        value = state.peek(self.weight)
         if self.padding_idx is not None and not isinstance(value, jax.ShapeDtypeStruct):
-            self.weight.__dict__["_value"] = value.at[self.padding_idx].set(0)
+            state.assign(self.weight, value.at[self.padding_idx].set(0))
 
 
 class Embedding(_EmbeddingBase):

@@ -1,0 +1,612 @@
+"""A Python function over stateful objects, lowered to cached ``jax.jit`` programs.
+
+A :class:`Program` lowers ``fn(objects, args, kwargs)`` into
+
+    pure(state_values, args, kwargs) -> (output, Changed(slot indices, new values))
+
+by binding the state values into the objects' slots (``binding.bound``), and
+keeps one ``jax.jit`` of it per structure key. What a call binds (its
+objects, their slots and names) is a :class:`Plan`, made by the caller and
+handed to the trace through this thread's context (``state.local.call``), so
+a program shared by threads never mixes their objects.
+
+The per-call paths:
+
+* :func:`call` reads every slot, calls the jitted function, writes back what
+  changed (``model.compile()``'s forward).
+* :func:`call_donating` also donates the old value of every slot the program
+  rewrites (``jm.compile``: a training step holds one copy of the weights).
+  Its first call for a structure learns which slots the program writes; the
+  settled result is the plan's :class:`FastPath`, which reads, calls and
+  writes back with no hashing and no tree walk.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.extend.core import jaxpr_as_fun
+
+from jmodule._lowering import binding, state, structure
+from jmodule._lowering.state import Slot
+
+logger = logging.getLogger("jmodule.compile")
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+class Static:
+    """A non-array argument, passed to ``jax.jit`` as part of the tree structure."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is Static
+            and type(self.value) is type(other.value)
+            and bool(self.value == other.value)
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), self.value))
+
+    def __repr__(self) -> str:
+        return f"Static({self.value!r})"
+
+
+jax.tree_util.register_pytree_node(Static, lambda s: ((), s.value), lambda v, _: Static(v))
+
+
+def wrap_leaf(x: Any) -> Any:
+    """Arrays stay dynamic; Parameters become their arrays; the rest is static."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return x
+    if state.is_cell(x):
+        return state.read(x)
+    try:
+        hash(x)
+    except TypeError:
+        raise TypeError(
+            f"Compiled calls take arrays (traced) and hashable Python values (compile-time "
+            f"constants); got an unhashable {type(x).__name__}. Pass it as an array, a tuple, "
+            "or a dict/list of arrays."
+        ) from None
+    return Static(x)
+
+
+def unwrap_static(tree: Any) -> Any:
+    return jax.tree_util.tree_map(
+        lambda x: x.value if type(x) is Static else x,
+        tree,
+        is_leaf=lambda x: type(x) is Static,
+    )
+
+
+def describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> dict[str, tuple]:
+    """Name -> (shape, dtype) or ("value", v) for every argument leaf."""
+    out = {}
+    flat, _ = jax.tree_util.tree_flatten_with_path(
+        (args, kwargs), is_leaf=lambda x: type(x) is Static
+    )
+    for path, leaf in flat:
+        top, *rest = path
+        if top.idx == 0 and rest:  # positional: use forward's parameter names
+            idx = rest[0].idx
+            base = arg_names[idx] if arg_names and idx < len(arg_names) else f"args[{idx}]"
+            name = base + jax.tree_util.keystr(tuple(rest[1:]))
+        else:
+            name = jax.tree_util.keystr(tuple(rest)).strip("[]'")
+        if type(leaf) is Static:
+            out[name] = ("value", leaf.value)
+        else:
+            out[name] = (tuple(leaf.shape), str(leaf.dtype))
+    return out
+
+
+def _fmt(sig: tuple) -> str:
+    if sig[0] == "none":
+        return "None"
+    if sig[0] == "value":
+        return repr(sig[1])
+    return f"{sig[0]} {sig[1]}"
+
+
+def _diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None:
+    """Say how two signatures differ: the first changed, added or removed entry."""
+    for name, sig in new.items():
+        if name not in old:
+            return f"{kind} '{name}' added"
+        before = old[name]
+        if before == sig:
+            continue
+        if before[0] in ("value", "none") or sig[0] in ("value", "none"):
+            return f"{kind} {name} changed: {_fmt(before)} -> {_fmt(sig)}"
+        if before[0] != sig[0]:
+            return f"{kind} shape changed: {name} {before[0]} -> {sig[0]}"
+        return f"{kind} dtype changed: {name} {before[1]} -> {sig[1]}"
+    for name in old:
+        if name not in new:
+            return f"{kind} '{name}' removed"
+    return None
+
+
+# ----------------------------------------------------------------------------- records
+
+
+class Changed:
+    """The slot values a trace changed: indices are static, values are outputs."""
+
+    __slots__ = ("indices", "values")
+
+    def __init__(self, indices: tuple[int, ...], values: tuple[Any, ...]):
+        self.indices = indices
+        self.values = values
+
+
+jax.tree_util.register_pytree_node(
+    Changed, lambda c: (c.values, c.indices), lambda idx, vals: Changed(idx, tuple(vals))
+)
+
+
+class Donation(NamedTuple):
+    """A donating program: which slots it donates, which it reads undonated."""
+
+    donated: tuple[int, ...]
+    kept: tuple[int, ...]
+    jitted: Callable
+
+
+class FastPath(NamedTuple):
+    """The per-call path of a plan whose donating program is settled."""
+
+    jitted: Callable
+    donated: tuple[Slot, ...]
+    kept: tuple[Slot, ...]
+    #: Slots the program reads as None: a value there needs another program.
+    nones: tuple[Slot, ...]
+
+
+@dataclass(eq=False)
+class Plan:
+    """What one call binds: its objects, their slots (each once) and the program key."""
+
+    key: Any
+    infos: dict
+    objects: tuple
+    slots: tuple[Slot, ...]
+    names: tuple[str, ...]
+    named_modules: tuple[tuple[str, Any], ...]
+    #: Per slot: the Parameter whose value it holds (read under a gradient recorder), or None.
+    cells: tuple[Any, ...]
+    #: The settled per-call path (``call_donating``), once known.
+    fast: FastPath | None = None
+    #: The donating program used last (no hashing of the key to find it again).
+    last: Donation | None = None
+    #: Locks to hold while the call reads, runs and writes (the objects', in id order).
+    locks: tuple[Any, ...] = field(default=())
+    #: The generator whose key is the last slot, and whether the program draws from
+    #: it (None: not known yet). Its lock is taken only by programs that draw.
+    generator: Any = None
+    draws: bool | None = None
+    #: ``jm.compile``'s per-call form: where each object stood among the arguments
+    #: (-1: an array argument), or None when the whole argument tree is passed.
+    positions: tuple[int, ...] | None = None
+
+
+class _Reread(Exception):
+    """A first trace read a ``.grad`` it was passed as None on a guess: pass it, trace again."""
+
+
+class _Redonate(Exception):
+    """A donating trace found that it would donate slots it does not write back."""
+
+    def __init__(self, changed: tuple[int, ...]):
+        super().__init__(changed)
+        self.changed = changed
+
+
+# ----------------------------------------------------------------------------- the program
+
+
+class Program:
+    """One Python function lowered to cached ``jax.jit`` programs (one per structure key)."""
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[Any], tuple, dict], Any],
+        name: str,
+        jit_options: dict,
+        arg_names: Sequence[str] | None = None,
+    ):
+        self.fn = fn
+        self.name = name
+        self.jit_options = jit_options
+        self.arg_names = arg_names
+        self.entries: dict[Any, Callable] = {}
+        self.donations: dict[Any, Donation] = {}
+        #: Per structure key, the ``.grad`` slots the function overwrites unread.
+        self.grad_unread: dict[Any, frozenset[int]] = {}
+        #: Per structure key, every slot a trace of it has written.
+        self.writes: dict[Any, frozenset[int]] = {}
+        #: ``(id(container), "grad")`` of the gradient slots the latest trace overwrote
+        #: unread: the guess for a new structure key (a training step whose structure
+        #: changed still zeroes its gradients first), checked by its first trace.
+        self.unread_slots: frozenset[tuple[int, str]] = frozenset()
+        self._replay: dict[Any, tuple[Any, Any]] = {}
+        self.num_traces = 0
+        self.reasons: list[str] = []
+        self._infos: dict | None = None
+        self._pending_reason = "first call"
+        self._last_sig: dict[Any, tuple[dict, dict]] = {}
+        #: Called as ``hook(key, vals, args, kwargs, reason)`` each time the program is
+        #: traced (inside the trace; never on the per-call path). Used by ``jm.jit``.
+        self.on_trace: list[Callable[[Any, Sequence[Any], Any, Any, str], None]] = []
+
+    def unread(self, plan: Plan) -> frozenset[int]:
+        """The ``.grad`` slots a call passes as None (known, or guessed for a new key)."""
+        known = self.grad_unread.get(plan.key)
+        if known is not None:
+            return known
+        guess = self.unread_slots
+        if not guess:
+            return frozenset()
+        return frozenset(
+            i for i, (c, k) in enumerate(plan.slots) if k == "grad" and (id(c), k) in guess
+        )
+
+    def _note_structure(self, infos: dict) -> None:
+        if self._infos is not None and self._infos is not infos:
+            self._pending_reason = structure.structural_change(self._infos, infos)
+
+    def jitted(self, plan: Plan) -> Callable:
+        """The ``jax.jit`` function for ``plan``'s structure key (made on first use)."""
+        fn = self.entries.get(plan.key)
+        if fn is None:
+            self._note_structure(plan.infos)
+            fn = self.entries[plan.key] = jax.jit(
+                functools.partial(self._pure, plan.key), **self.jit_options
+            )
+        self._infos = plan.infos
+        return fn
+
+    def donating(self, plan: Plan, donated: tuple[int, ...], kept: tuple[int, ...]) -> Donation:
+        """A ``jax.jit`` for ``plan``'s key that donates the slots ``donated`` and reads ``kept``.
+
+        A traced program that would donate a slot it does not write back
+        raises :class:`_Redonate` before anything runs, so the caller can
+        retry with the slots it does write back.
+        """
+        made = self.donations.get(plan.key)
+        if made is not None and made.donated == donated and made.kept == kept:
+            self._infos = plan.infos
+            return made
+        if made is None:
+            self._note_structure(plan.infos)
+        fn = jax.jit(
+            functools.partial(self._pure_donating, plan.key, donated, kept),
+            donate_argnums=(0,),
+            **self.jit_options,
+        )
+        made = self.donations[plan.key] = Donation(donated, kept, fn)
+        self._infos = plan.infos
+        return made
+
+    def _pure_donating(
+        self,
+        key: Any,
+        idx: tuple,
+        keep: tuple,
+        donated: list,
+        kept: list,
+        args: tuple,
+        kwargs: dict | None = None,
+    ) -> tuple[Changed, Any]:
+        """``_pure`` for a donating program, running the user's Python once per trace.
+
+        Only the slots at ``idx`` (donated) and ``keep`` come in; every other
+        slot reads None (a ``.grad`` the program overwrites unread).
+        ``kwargs`` is left out by calls whose arguments are all arrays and
+        stateful objects (the per-call form: fewer pytree nodes to flatten).
+
+        The Python function is staged to a jaxpr first; if the program would
+        donate a slot it does not write back, the jaxpr is kept and
+        :class:`_Redonate` raised, and the retry replays the jaxpr instead of
+        running the Python (and its side effects) a second time.
+        """
+        kwargs = {} if kwargs is None else kwargs
+        plan = state.local.call
+        vals: list[Any] = [None] * len(plan.slots)
+        for j, i in enumerate(keep):
+            vals[i] = kept[j]
+        for j, i in enumerate(idx):
+            vals[i] = donated[j]
+        leaves, treedef = jax.tree_util.tree_flatten((vals, args, kwargs))
+        sig = (key, treedef, tuple((v.shape, v.dtype, v.aval.weak_type) for v in leaves))
+        recorded = self._replay.pop(sig, None)
+        if recorded is None:
+            closed, shapes = jax.make_jaxpr(functools.partial(self._pure, key), return_shape=True)(
+                vals, args, kwargs
+            )
+            recorded = (closed, jax.tree_util.tree_structure(shapes))
+            if not set(idx) <= set(shapes[1].indices):
+                self._replay[sig] = recorded
+                raise _Redonate(shapes[1].indices)
+        closed, out_tree = recorded
+        flat = jaxpr_as_fun(closed)(*leaves)
+        out, changed = jax.tree_util.tree_unflatten(out_tree, flat)
+        # jax pairs each donated input with the first unclaimed output of the
+        # same shape and dtype, in order. Put the donated slots' new values
+        # first, in the order they were donated, so every buffer is reused for
+        # its own slot; otherwise (e.g. an Adam moment landing in a ``.grad``
+        # output of the same shape) XLA inserts a copy of each moved buffer.
+        order = {i: n for n, i in enumerate(changed.indices)}
+        first = [i for i in idx if i in order]
+        placed = set(first)
+        rest = [i for i in changed.indices if i not in placed]
+        indices = tuple(first + rest)
+        return Changed(indices, tuple(changed.values[order[i]] for i in indices)), out
+
+    def _note_trace(
+        self, plan: Plan, key: Any, vals: Sequence[Any], args: Any, kwargs: Any
+    ) -> None:
+        state_sig = {
+            n: ("none", None) if v is None else (tuple(v.shape), str(v.dtype))
+            for n, v in zip(plan.names, vals)
+        }
+        arg_sig = describe_args(args, kwargs, self.arg_names)
+        previous = self._last_sig.get(key)
+        if previous is None:
+            reason = self._pending_reason
+        else:
+            reason = (
+                _diff("input", previous[1], arg_sig)
+                or _diff("state", previous[0], state_sig)
+                or "input or state sharding, device or weak type changed"
+            )
+        self._last_sig[key] = (state_sig, arg_sig)
+        self.num_traces += 1
+        self.reasons.append(reason)
+        logger.info("compiling %s (trace %d): %s", self.name, self.num_traces, reason)
+        for hook in self.on_trace:
+            hook(key, vals, args, kwargs, reason)
+
+    def _pure(
+        self, key: Any, vals: list, args: tuple, kwargs: dict | None = None
+    ) -> tuple[Any, Changed]:
+        kwargs = {} if kwargs is None else kwargs
+        plan = state.local.call
+        self._note_trace(plan, key, vals, args, kwargs)
+        args, kwargs = unwrap_static((args, kwargs))
+        slots = plan.slots
+        # Gradient slots given as None although they hold an array (a guess, see unread()).
+        guessed = {i for i, (c, k) in enumerate(slots) if vals[i] is None and c.get(k) is not None}
+        watch = binding.GradWatch({id(c): i for i, (c, k) in enumerate(slots) if k == "grad"})
+        local = state.local
+        outer, local.watch = local.watch, watch
+        try:
+            with binding.bound(slots, vals, plan.named_modules):
+                out = self.fn(plan.objects, args, kwargs)
+                idx = tuple(i for i, (c, k) in enumerate(slots) if c[k] is not vals[i])
+                changed = Changed(idx, tuple(slots[i][0][slots[i][1]] for i in idx))
+        finally:
+            local.watch = outer
+        self.writes[key] = self.writes.get(key, frozenset()) | frozenset(idx)
+        # Gradient slots the function never read before overwriting: their
+        # incoming value is irrelevant, so calls pass None there and the first
+        # call (grads None) and later ones (grads set) share one program.
+        unread = {i for c_id, i in watch.watched.items() if c_id not in watch.reads}
+        previous = self.grad_unread.get(key)
+        self.grad_unread[key] = frozenset(unread if previous is None else unread & previous)
+        if guessed - unread:  # it read a gradient it was given as None on a guess
+            raise _Reread()
+        self.unread_slots = frozenset((id(slots[i][0]), "grad") for i in unread)
+        return out, changed
+
+
+# ----------------------------------------------------------------------------- per call
+
+
+def check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
+    for (c, k), name in zip(slots, names):
+        if isinstance(c.get(k), jax.ShapeDtypeStruct):
+            raise RuntimeError(
+                f"'{name}' is on the meta device (shape and dtype only, no data), so the module "
+                "cannot run. Allocate it with module.to_empty(device=...) and initialise it "
+                "(reset_parameters() or load_state_dict) first."
+            )
+
+
+def read_state(program: Program, plan: Plan) -> list[Any]:
+    """The slot values for a call; ``.grad`` slots the program never reads are None."""
+    vals = [c[k] for c, k in plan.slots]
+    for i in program.unread(plan):
+        vals[i] = None
+    return vals
+
+
+def write_back(slots: Sequence[Slot], changed: Changed) -> None:
+    for i, v in zip(changed.indices, changed.values):
+        c, k = slots[i]
+        c[k] = v
+
+
+def call(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
+    """Run the program on the slots and write back what it changed (``kwargs`` None: none)."""
+    jitted = program.jitted(plan)
+    for _ in range(2):
+        vals = read_state(program, plan)
+        state.local.call = plan
+        try:
+            out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
+            break
+        except _Reread:
+            continue
+    write_back(plan.slots, changed)
+    return out
+
+
+def call_recorded(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
+    """:func:`call` inside a gradient computation (``jm.backward`` around a compiled call).
+
+    Parameters are read as the recorder sees them (so they are differentiated
+    through the program) and writes of values that depend on them are
+    recorded, to be restored when the gradient is done.
+    """
+    recorder = state.local.recorder
+    jitted = program.jitted(plan)
+    slots = plan.slots
+    for _ in range(2):
+        vals = [
+            c[k] if cell is None else recorder.read(cell, c[k])
+            for (c, k), cell in zip(slots, plan.cells)
+        ]
+        for i in program.unread(plan):
+            vals[i] = None
+        state.local.call = plan
+        try:
+            out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
+            break
+        except _Reread:
+            continue
+    for i, v in zip(changed.indices, changed.values):
+        c, k = slots[i]
+        if recorder.owns(v):
+            recorder.note_write(c, k)
+        c[k] = v
+    return out
+
+
+def _kept_slots(
+    program: Program, plan: Plan, idx: tuple[int, ...], vals: Sequence[Any]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(keep, nones)``: the slots a donating call passes undonated, and those it omits as None.
+
+    ``keep`` is every slot that is not donated, not a ``.grad`` the program
+    overwrites unread, and not None. ``nones`` are the other None slots:
+    inside the program they read None, so a later call where one of them
+    holds a value must pass it (a new program, as a None becoming an array
+    always is).
+    """
+    skip = set(idx) | program.unread(plan)
+    keep = tuple(i for i in range(len(vals)) if i not in skip and vals[i] is not None)
+    nones = tuple(i for i in range(len(vals)) if i not in skip and vals[i] is None)
+    return keep, nones
+
+
+def _unique_buffers(idx: tuple[int, ...], vals: list) -> tuple[int, ...]:
+    """Drop slots whose array also sits in another slot: donating it would free both."""
+    ids = [id(v) for v in vals if v is not None]
+    if len(set(ids)) == len(ids):
+        return idx
+    counts: dict[int, int] = {}
+    for v in vals:
+        if v is not None:
+            counts[id(v)] = counts.get(id(v), 0) + 1
+    return tuple(i for i in idx if counts[id(vals[i])] == 1)
+
+
+_NONE_ID = id(None)
+SLOW = object()
+
+
+def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
+    """The per-call path of a settled donating program: read, call, write back.
+
+    Falls back (returns ``SLOW``) when a donated slot holds None or an array
+    that another slot also holds, when a slot left out as None now holds a
+    value, or when a new trace would donate otherwise.
+    """
+    for c, k in fast.nones:
+        if c[k] is not None:
+            return SLOW
+    donated = [c[k] for c, k in fast.donated]
+    kept = [c[k] for c, k in fast.kept]
+    ids = set(map(id, donated))
+    if len(ids) != len(donated) or _NONE_ID in ids or not ids.isdisjoint(map(id, kept)):
+        return SLOW
+    traces = program.num_traces
+    state.local.call = plan
+    try:
+        changed, out = fast.jitted(donated, kept, args)
+    except _Redonate:
+        plan.fast = None
+        return SLOW
+    if program.num_traces != traces:
+        plan.fast = None  # a new trace may have learned of more unread gradients
+    write_back(plan.slots, changed)
+    return out
+
+
+def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
+    """Like :func:`call`, donating the old value of every slot the program rewrites.
+
+    The first call for a structure offers every slot for donation; its trace
+    reports which slots it really writes, and the program is made again
+    donating exactly those (one Python trace more, one XLA compile).
+    """
+    fast = plan.fast
+    if fast is not None:
+        out = call_fast(program, plan, fast, args)
+        if out is not SLOW:
+            return out
+    slots = plan.slots
+    vals = read_state(program, plan)
+    last = plan.last
+    if last is not None:
+        wanted = last.donated
+    else:
+        made = program.donations.get(plan.key)
+        wanted = made.donated if made is not None else tuple(range(len(vals)))
+    tail = (args,) if kwargs is None else (args, kwargs)
+    for _ in range(4):
+        idx = _unique_buffers(tuple(i for i in wanted if vals[i] is not None), vals)
+        keep, nones = _kept_slots(program, plan, idx, vals)
+        if last is not None and idx == last.donated and keep == last.kept:
+            made = last
+        else:
+            made = program.donating(plan, idx, keep)
+        plan.last = last = made
+        state.local.call = plan
+        try:
+            changed, out = made.jitted([vals[i] for i in idx], [vals[i] for i in keep], *tail)
+        except _Redonate as redo:
+            wanted = redo.changed
+            continue
+        except _Reread:  # pass the gradients it reads, and trace again
+            vals = read_state(program, plan)
+            last = plan.last = None
+            continue
+        write_back(slots, changed)
+        if kwargs is None:
+            plan.fast = FastPath(
+                made.jitted,
+                tuple(slots[i] for i in idx),
+                tuple(slots[i] for i in keep),
+                tuple(slots[i] for i in nones),
+            )
+        return out
+    raise RuntimeError("jm.compile: could not settle which state buffers to donate")
+
+
+def lower(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: dict | None) -> Any:
+    """The ``jax.stages.Lowered`` program a call with this plan runs."""
+    vals = read_state(program, plan)
+    state.local.call = plan
+    made = program.donations.get(plan.key) if donate else None
+    if made is None:
+        return program.jitted(plan).lower(vals, args, kwargs)
+    idx = _unique_buffers(tuple(i for i in made.donated if vals[i] is not None), vals)
+    keep, _ = _kept_slots(program, plan, idx, vals)
+    fn = program.donating(plan, idx, keep).jitted
+    tail = (args,) if kwargs is None else (args, kwargs)
+    return fn.lower([vals[i] for i in idx], [vals[i] for i in keep], *tail)

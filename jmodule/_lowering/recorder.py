@@ -1,0 +1,351 @@
+"""Gradients of what a closure read: the machinery under ``jm.backward`` and ``jm.grad``.
+
+``differentiate(fn)`` runs ``fn()`` once under ``jax.vjp`` of one dummy
+scalar ``z``, with a :class:`Recorder` installed for this thread
+(``state.local.recorder``). Every parameter the closure *reads* (``state.read``
+is the only way to read a cell's value) that requires grad is, on its first
+read, replaced for the rest of the closure by ``tap(value, z)``: an identity
+whose backward rule hands the cotangent it receives, d(loss)/d(parameter), to
+the recorder. However the closure reached the parameter (a module in a dict,
+a global, an attribute chain, a bare Parameter), reading it is what makes it
+differentiated; nothing is scanned. Parameters the loss does not depend on
+get no cotangent (JAX skips the tap), so their ``.grad`` stays None, as in
+PyTorch.
+
+Buffers the closure writes with values that depend on the parameters (batch
+norm statistics) are recorded, restored when the closure ends, and written
+back as the primal values ``jax.vjp`` returns. Modules the closure calls are
+snapshotted on their first call, and restored if it fails or leaves a traced
+value behind. The same code runs eagerly and inside a compiled trace, where
+it becomes part of the program.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src import core as _jax_core
+
+from jmodule._lowering import binding, state
+
+
+class _Sink:
+    """Where one tap's cotangent goes (hashable by identity, as JAX's static arguments)."""
+
+    __slots__ = ("index", "recorder")
+
+    def __init__(self, recorder: Recorder, index: int):
+        self.recorder = recorder
+        self.index = index
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _tap(sink: _Sink, v: Any, z: Any) -> Any:
+    return v
+
+
+def _tap_fwd(sink: _Sink, v: Any, z: Any) -> tuple[Any, None]:
+    return v, None
+
+
+def _tap_bwd(sink: _Sink, _: None, g: Any) -> tuple[None, None]:
+    grads = sink.recorder.grads
+    i = sink.index
+    grads[i] = g if i not in grads else grads[i] + g
+    return None, None
+
+
+_tap.defvjp(_tap_fwd, _tap_bwd)
+
+
+class Recorder:
+    """One gradient computation in progress in this thread: what its closure reads and writes.
+
+    Args:
+        z: the dummy scalar ``jax.vjp`` differentiates (a tracer of its trace).
+        only: ids of the parameters to differentiate (None: every one that
+            requires grad).
+        step_closure: this is ``Optimizer.step(closure)`` trying the closure as
+            a loss-only one; a ``jm.backward`` inside it makes it PyTorch style.
+    """
+
+    def __init__(self, z: Any, only: set[int] | None = None, step_closure: bool = False):
+        self.z = z
+        self.trace = z._trace
+        self.only = only
+        self.step_closure = step_closure
+        #: A jm.backward ran inside (only for step closures): stop differentiating.
+        self.nested = False
+        #: Per tapped parameter, by id: ``(parameter, its value before, tap index)``.
+        self.tapped: dict[int, tuple[Any, Any, int]] = {}
+        #: Cotangents by tap index (filled when the VJP runs).
+        self.grads: dict[int, Any] = {}
+        #: Slots written with values of this trace: ``(container, key) -> old value``.
+        self.writes: dict[tuple[int, str], tuple[dict, str, Any]] = {}
+        #: Modules called, each snapshotted on its first call.
+        self.snapshots: dict[int, binding.Snapshot] = {}
+        self.called: list[tuple[None, Any]] = []
+
+    # -------------------------------------------------------------- seen by the state
+
+    def read(self, cell: Any, v: Any) -> Any:
+        """A read of ``cell`` (see ``state.read``): tap a parameter on its first read."""
+        d = cell.__dict__
+        if not d.get("_requires_grad") or self.nested:
+            return v
+        cid = id(cell)
+        if cid in self.tapped or (self.only is not None and cid not in self.only):
+            return v
+        if isinstance(v, jax.ShapeDtypeStruct):
+            return v  # meta: whatever uses it raises the meta-device error
+        return self.tap(cell, v)
+
+    def tap(self, cell: Any, v: Any) -> Any:
+        """Differentiate ``cell`` from now on: its slot holds ``tap(v, z)`` until the end."""
+        index = len(self.tapped)
+        sink = _Sink(self, index)
+        if _jax_core.trace_ctx.trace is self.trace:
+            marked = _tap(sink, v, self.z)
+        else:  # first read inside a nested transformation (scan, vmap, checkpoint): tap
+            # at this recorder's level, so the value outlives the inner trace
+            with _jax_core.set_current_trace(self.trace):
+                marked = _tap(sink, v, self.z)
+        self.tapped[id(cell)] = (cell, v, index)
+        cell.__dict__["_value"] = marked
+        return marked
+
+    def tap_array(self, x: Any) -> tuple[Any, int]:
+        """An array argument to differentiate (``jm.grad`` of an array): ``(tapped, index)``."""
+        holder = _Holder(x)
+        marked = self.tap(holder, x)
+        return marked, self.tapped[id(holder)][2]
+
+    def owns(self, v: Any) -> bool:
+        """Whether ``v`` is a value of this recorder's trace (it depends on tapped values)."""
+        return isinstance(v, jax.core.Tracer) and getattr(v, "_trace", None) is self.trace
+
+    def note_write(self, container: dict, key: str) -> None:
+        """``container[key]`` is about to hold a value of this trace: restore it at the end."""
+        k = (id(container), key)
+        if k not in self.writes:
+            self.writes[k] = (container, key, container.get(key))
+
+    def enter(self, module: Any) -> None:
+        """``module`` is being called: snapshot it on its first call."""
+        mid = id(module)
+        if mid not in self.snapshots:
+            self.snapshots[mid] = binding.Snapshot(module)
+            self.called.append((None, module))
+
+    # -------------------------------------------------------------- the end
+
+    def finish(self, ok: bool) -> list[tuple[dict, str, Any]]:
+        """Put back every tapped value and written slot; check the modules for leaks.
+
+        Returns ``(container, key, new value)`` of every recorded write, for
+        the caller to write back as primal values once the VJP is done.
+        """
+        for cell, old, _ in self.tapped.values():
+            cell.__dict__["_value"] = old
+        new = []
+        for container, key, old in self.writes.values():
+            new.append((container, key, container.get(key)))
+            container[key] = old
+        allowed = {id(old) for _, old, _ in self.tapped.values()}
+        binding.check_and_restore(
+            list(self.snapshots.values()), self.called, ok, allowed | {id(v) for *_, v in new}
+        )
+        return new
+
+
+class _Holder:
+    """An array argument differentiated like a parameter (``jm.grad`` of an array)."""
+
+    def __init__(self, x: Any):
+        self.__dict__["_value"] = x
+        self.__dict__["_requires_grad"] = True
+
+
+def active() -> Recorder | None:
+    """This thread's innermost gradient recorder, or None."""
+    return state.local.recorder
+
+
+def differentiate(
+    fn: Callable[[Recorder], Any],
+    *,
+    only: set[int] | None = None,
+    has_aux: bool = False,
+    caller: str,
+    step_closure: bool = False,
+) -> tuple[Any, Any, Recorder, dict[int, Any] | None]:
+    """Run ``fn(recorder)`` once, differentiated w.r.t. every parameter it reads.
+
+    Returns ``(loss, aux, recorder, cotangents by tap index)``; the cotangents
+    are None when the closure turned out to be a PyTorch-style step closure
+    (it called ``jm.backward`` itself). Recorded buffer writes are written
+    back, as their primal values.
+    """
+    outer = state.local.recorder
+    box: list[Recorder] = []
+
+    def f(z: Any) -> tuple[Any, tuple[Any, list]]:
+        rec = Recorder(z, only, step_closure)
+        box.append(rec)
+        state.local.recorder = rec
+        ok = False
+        try:
+            out = fn(rec)
+            ok = True
+        finally:
+            state.local.recorder = outer
+            writes = rec.finish(ok)
+        loss, aux = out if has_aux else (out, None)
+        loss = state.value(loss)
+        if not rec.nested and (not isinstance(loss, jax.Array) or loss.shape != ()):
+            raise RuntimeError(
+                f"{caller}: grad can be implicitly created only for scalar outputs "
+                f"(the loss has shape {getattr(loss, 'shape', type(loss).__name__)})"
+            )
+        return loss, (aux, writes)
+
+    z0 = jnp.zeros((), jnp.float32)
+    loss, vjp_fn, (aux, writes) = jax.vjp(f, z0, has_aux=True)
+    rec = box[0]
+    for container, key, v in writes:
+        container[key] = v
+    if rec.nested:
+        return loss, aux, rec, None
+    if rec.tapped:
+        vjp_fn(jnp.ones_like(loss))
+    return loss, aux, rec, rec.grads
+
+
+def note_backward() -> None:
+    """A ``jm.backward`` is starting: an enclosing step-closure trial becomes PyTorch style."""
+    rec = state.local.recorder
+    if rec is not None and rec.step_closure and not rec.nested:
+        rec.nested = True
+        for cell, old, _ in rec.tapped.values():  # what it read so far is not differentiated
+            cell.__dict__["_value"] = old
+        rec.tapped.clear()
+
+
+# ----------------------------------------------------------------------------- backward hooks
+
+
+def _identity(values: tuple, on_grads: Callable[[tuple], tuple]) -> tuple:
+    """``values`` unchanged; on the way back, cotangents pass through ``on_grads``."""
+
+    @jax.custom_vjp
+    def ident(*xs: Any) -> tuple:
+        return xs
+
+    def fwd(*xs: Any) -> tuple[tuple, None]:
+        return xs, None
+
+    def bwd(_: None, grads: tuple) -> tuple:
+        return tuple(on_grads(tuple(grads)))
+
+    ident.defvjp(fwd, bwd)
+    return ident(*values)
+
+
+def _checked(new: Any, old: Sequence[Any], who: str, what: str) -> list[Any]:
+    if not isinstance(new, (tuple, list)):
+        new = (new,)
+    if len(new) != len(old):
+        raise RuntimeError(
+            f"{who} returned an invalid number of {what}, got {len(new)}, but expected {len(old)}"
+        )
+    return list(new)
+
+
+class BackwardHooks:
+    """PyTorch's ``BackwardHook``: identity functions around a module's inputs and
+    outputs whose VJPs run the module's backward pre-hooks and full backward hooks."""
+
+    def __init__(self, module: Any, recorder: Recorder):
+        self.module = module
+        self.recorder = recorder
+        self.n_inputs = 0
+        self.input_pos: list[int] = []
+        self.n_outputs = 0
+        self.output_pos: list[int] = []
+        self.grad_output: tuple = ()
+
+    def setup_input_hook(self, args: tuple) -> tuple:
+        self.n_inputs = len(args)
+        owns = self.recorder.owns
+        self.input_pos = [i for i, a in enumerate(args) if owns(a)]
+        if not self.input_pos:
+            return args
+        new = _identity(tuple(args[i] for i in self.input_pos), self._input_grads)
+        out = list(args)
+        for j, i in enumerate(self.input_pos):
+            out[i] = new[j]
+        return tuple(out)
+
+    def setup_output_hook(self, result: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(result)
+        self.n_outputs = len(leaves)
+        owns = self.recorder.owns
+        self.output_pos = [i for i, o in enumerate(leaves) if owns(o)]
+        if not self.output_pos:
+            return result
+        new = _identity(tuple(leaves[i] for i in self.output_pos), self._output_grads)
+        for j, i in enumerate(self.output_pos):
+            leaves[i] = new[j]
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def _output_grads(self, grads: tuple) -> tuple:
+        module = self.module
+        grad_output: list[Any] = [None] * self.n_outputs
+        for j, i in enumerate(self.output_pos):
+            grad_output[i] = grads[j]
+        for hook in module._backward_pre_hooks.values():
+            res = hook(module, tuple(grad_output))
+            if res is not None:
+                grad_output = _checked(res, grad_output, "Backward pre hook", "grad_output")
+        self.grad_output = tuple(grad_output)
+        if not self.input_pos and module._backward_hooks:
+            # No input needs a gradient: PyTorch calls the hooks from here, and warns.
+            warnings.warn(
+                "Full backward hook is firing when gradients are computed with respect to "
+                "module outputs since no inputs require gradients. See "
+                "https://docs.pytorch.org/docs/main/generated/torch.nn.Module.html"
+                "#torch.nn.Module.register_full_backward_hook for more details.",
+                UserWarning,
+                stacklevel=2,
+            )
+            for hook in module._backward_hooks.values():
+                hook(module, (None,) * self.n_inputs, self.grad_output)
+        return tuple(_like(grad_output[i], grads[j]) for j, i in enumerate(self.output_pos))
+
+    def _input_grads(self, grads: tuple) -> tuple:
+        module = self.module
+        grad_input: list[Any] = [None] * self.n_inputs
+        for j, i in enumerate(self.input_pos):
+            grad_input[i] = grads[j]
+        for hook in module._backward_hooks.values():
+            res = hook(module, tuple(grad_input), self.grad_output)
+            if res is not None:
+                grad_input = _checked(res, grad_input, "Backward hook", "grad_input")
+        return tuple(_like(grad_input[i], grads[j]) for j, i in enumerate(self.input_pos))
+
+
+def _like(v: Any, ref: jax.Array) -> jax.Array:
+    """A hook's replacement gradient as an array shaped and typed like ``ref``."""
+    if v is None:
+        return jnp.zeros_like(ref)
+    v = jnp.asarray(state.value(v), ref.dtype)
+    if v.shape != ref.shape:
+        raise RuntimeError(
+            f"Backward hook returned a gradient of shape {v.shape}, expected {ref.shape}"
+        )
+    return v

@@ -1,0 +1,488 @@
+"""State: the cells holding a tree's arrays, the slots naming them, and what changed.
+
+This module is the bottom of jmodule and the single owner of four things
+(``_lowering/README.md`` tells the whole story):
+
+* **The cell.** :class:`Cell` is the array-like base of ``Parameter`` and
+  ``Buffer``: its value lives in ``cell.__dict__["_value"]``. Code computing
+  with a cell reads it through :func:`read` (every operator, pytree flatten,
+  ``__jax_array__``, ...), which lets a gradient recorder see the read;
+  :func:`peek` reads without being seen (shapes, dtypes, optimizer updates,
+  serialization) and :func:`assign` writes. Nothing outside this module
+  touches ``_value``.
+* **Slots.** A slot is a ``(container dict, key)`` pair holding one array: a
+  cell's value (:func:`value_slot`), a parameter's ``.grad``
+  (:func:`grad_slot`), a module's buffer, a generator's key
+  (:func:`rng_slot`). :func:`tree_slots` is the one enumeration of a module
+  tree's slots; compile, backward, ``functional_call``, the optimizers, the
+  ``jm.jit`` views and Flax interop all use it.
+* **This thread's context.** Which slot containers an active trace has bound,
+  the gradient recorder of an active ``jm.backward``, the ``.grad`` watcher
+  and the compiled call being traced: all per thread (:data:`local`), so
+  threads never see each other's traces.
+* **Versions.** Every module (and parameter) has a version that
+  :func:`touch` increments, together with those of every tree containing it
+  (parents are linked, weakly, when a tree is enumerated). A compiled program
+  compares its root's version to the one it was described at: one integer,
+  however large the tree, and nothing outside the tree moves it.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmodule.utils import torch_to_numpy
+
+__all__ = [
+    "Cell",
+    "Slot",
+    "TreeState",
+    "as_array",
+    "assign",
+    "grad_slot",
+    "is_bound",
+    "is_cell",
+    "link",
+    "local",
+    "lock",
+    "peek",
+    "read",
+    "rng_slot",
+    "touch",
+    "tracing",
+    "tree_slots",
+    "value",
+    "value_slot",
+    "version",
+]
+
+#: ``(container, key)``: ``container[key]`` holds one piece of state.
+Slot = tuple[dict, str]
+
+
+# ----------------------------------------------------------------------------- this thread
+
+
+class _Thread(threading.local):
+    """What this thread is doing with state; each thread has its own."""
+
+    def __init__(self) -> None:
+        #: Ids of the slot containers bound by this thread's active traces, innermost last.
+        self.bound: list[set[int]] = []
+        #: The innermost active gradient recorder (``jm.backward``/``jm.grad``), or None.
+        self.recorder: Any = None
+        #: The ``.grad`` watcher of the compiled program being traced, or None.
+        self.watch: Any = None
+        #: The compiled call being traced here (what ``Program._pure`` binds), or None.
+        self.call: Any = None
+
+
+#: Per-thread context (a ``threading.local``): never shared between threads.
+local = _Thread()
+
+
+def tracing() -> bool:
+    """True while this thread is tracing a compiled program (slots are bound)."""
+    return bool(local.bound)
+
+
+def is_bound(container: dict) -> bool:
+    """True when ``container`` holds slots bound by one of this thread's active traces."""
+    cid = id(container)
+    return any(cid in bound for bound in local.bound)
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+META_HELP = (
+    "This parameter is on the meta device: it has a shape and dtype but no data, so it "
+    "cannot be computed with. Allocate it with module.to_empty(device=...) and initialise it "
+    "(reset_parameters() or load_state_dict) first."
+)
+
+
+def is_cell(x: Any) -> bool:
+    """Whether ``x`` is a Parameter or Buffer (a :class:`Cell`)."""
+    return isinstance(x, Cell)
+
+
+def read(cell: Cell) -> Any:
+    """``cell``'s value, to compute with: an active ``jm.backward`` in this thread sees it."""
+    v = cell.__dict__["_value"]
+    recorder = local.recorder
+    if recorder is None:
+        return v
+    return recorder.read(cell, v)
+
+
+def peek(cell: Cell) -> Any:
+    """``cell``'s current value, unseen by gradient recorders (for shapes, updates, I/O)."""
+    return cell.__dict__["_value"]
+
+
+def assign(cell: Cell, value: Any) -> None:
+    """Replace ``cell``'s value (no checks: the caller made ``value`` an array)."""
+    cell.__dict__["_value"] = value
+
+
+def value(x: Any) -> Any:
+    """``x``'s array if it is a cell (read as :func:`read` does), else ``x`` itself."""
+    return read(x) if isinstance(x, Cell) else x
+
+
+def as_array(x: Any) -> Any:
+    """``x`` as a ``jax.Array`` (or tracer / ShapeDtypeStruct): cells give their value
+    (as :func:`read`), numpy arrays and torch tensors are converted."""
+    if isinstance(x, Cell):
+        v = read(x)
+        if isinstance(v, jax.ShapeDtypeStruct):
+            raise RuntimeError(META_HELP)
+        return v
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        return x
+    if type(x).__module__.startswith("torch"):
+        x = torch_to_numpy(x)
+    return jnp.asarray(x)
+
+
+def value_slot(cell: Cell) -> Slot:
+    """The slot holding ``cell``'s value."""
+    return (cell.__dict__, "_value")
+
+
+def grad_slot(param: Cell) -> Slot:
+    """The slot holding a parameter's ``.grad``."""
+    return (param.__dict__, "grad")
+
+
+def rng_slot(generator: Any) -> Slot:
+    """The slot holding ``generator``'s key (made from its seed first, if need be)."""
+    generator.materialize()
+    return (generator.__dict__, "_key")
+
+
+def _binary(op):
+    def forward(self, other):
+        return op(read(self), value(other))
+
+    def reflected(self, other):
+        return op(value(other), read(self))
+
+    return forward, reflected
+
+
+def _unary(op):
+    def method(self):
+        return op(read(self))
+
+    return method
+
+
+class Cell:
+    """Array behaviour shared by Parameter and Buffer, delegating to the value.
+
+    A cell is a pytree node with one leaf (so ``jnp`` functions and
+    ``jax.jit`` accept it) and defines the array operators; attributes it does
+    not have come from the value (``shape``, ``dtype``, ``sum``, ...).
+    """
+
+    __array_priority__ = 100
+
+    @property
+    def data(self) -> jax.Array:
+        """The underlying ``jax.Array`` (assignable, as in PyTorch)."""
+        return read(self)
+
+    @data.setter
+    def data(self, new: Any) -> None:
+        self.__dict__["_value"] = as_array(new)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything jax.Array has: shape, dtype, ndim, size, T, device,
+        # sharding, reshape, sum, astype, ...
+        if name.startswith("__") or name == "_value":
+            raise AttributeError(name)
+        v = self.__dict__["_value"]
+        if isinstance(v, jax.ShapeDtypeStruct):
+            if not hasattr(v, name):
+                raise RuntimeError(f"{META_HELP} (while looking up .{name})")
+            return getattr(v, name)
+        return getattr(read(self), name)
+
+    def __jax_array__(self) -> jax.Array:
+        v = read(self)
+        if isinstance(v, jax.ShapeDtypeStruct):
+            raise RuntimeError(META_HELP)
+        return v
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.asarray(read(self))
+        return out if dtype is None else out.astype(dtype)
+
+    def __len__(self) -> int:
+        return len(self.__dict__["_value"])
+
+    def __iter__(self):
+        return iter(read(self))
+
+    def __getitem__(self, idx: Any) -> jax.Array:
+        return read(self)[value(idx)]
+
+    def __bool__(self) -> bool:
+        return bool(read(self))
+
+    def __float__(self) -> float:
+        return float(read(self))
+
+    def __int__(self) -> int:
+        return int(read(self))
+
+    def __index__(self) -> int:
+        return operator.index(read(self))
+
+    def __complex__(self) -> complex:
+        return complex(read(self))
+
+    __hash__ = object.__hash__
+
+    __add__, __radd__ = _binary(operator.add)
+    __sub__, __rsub__ = _binary(operator.sub)
+    __mul__, __rmul__ = _binary(operator.mul)
+    __truediv__, __rtruediv__ = _binary(operator.truediv)
+    __floordiv__, __rfloordiv__ = _binary(operator.floordiv)
+    __mod__, __rmod__ = _binary(operator.mod)
+    __pow__, __rpow__ = _binary(operator.pow)
+    __matmul__, __rmatmul__ = _binary(operator.matmul)
+    __and__, __rand__ = _binary(operator.and_)
+    __or__, __ror__ = _binary(operator.or_)
+    __xor__, __rxor__ = _binary(operator.xor)
+    __lshift__, __rlshift__ = _binary(operator.lshift)
+    __rshift__, __rrshift__ = _binary(operator.rshift)
+    # The reflected form of ``self < other`` is ``other < self``, i.e. ``self > other``.
+    __lt__, __gt__ = _binary(operator.lt)
+    __le__, __ge__ = _binary(operator.le)
+    __eq__, _ = _binary(operator.eq)
+    __ne__, _ = _binary(operator.ne)
+    __neg__ = _unary(operator.neg)
+    __pos__ = _unary(operator.pos)
+    __abs__ = _unary(operator.abs)
+    __invert__ = _unary(operator.invert)
+
+
+def flatten_cell(cell: Cell) -> tuple[tuple[Any], None]:
+    """Pytree flattening of a cell: its value, read as computing with it does."""
+    return (read(cell),), None
+
+
+#: Attributes of a module, parameter, optimizer or generator that belong to this
+#: module's bookkeeping: never copied, pickled or compared.
+PRIVATE = frozenset({"_jm_version", "_jm_up", "_jm_desc", "_jm_lock"})
+
+
+def without_private(d: dict) -> dict:
+    """A copy of ``d`` (an object's ``__dict__``) without this module's bookkeeping."""
+    return {k: v for k, v in d.items() if k not in PRIVATE}
+
+
+# ----------------------------------------------------------------------------- versions
+
+
+def lock(obj: Any) -> threading.RLock:
+    """``obj``'s own lock, made on first use: held while its state is read, run and written.
+
+    Per object, never process-wide: threads working on different models never
+    wait for each other.
+    """
+    d = obj.__dict__
+    held = d.get("_jm_lock")
+    if held is None:
+        held = d.setdefault("_jm_lock", threading.RLock())  # atomic: one lock wins
+    return held
+
+
+def version(obj: Any) -> int:
+    """``obj``'s structure version (0 until its first change)."""
+    return obj.__dict__.get("_jm_version", 0)
+
+
+def touch(obj: Any) -> None:
+    """Record a structural change of ``obj`` (a module or a parameter).
+
+    Its version and the versions of every module tree it was found in (when
+    enumerated by :func:`tree_slots`) move, so their compiled programs
+    describe them again on their next call. Nothing else is affected.
+    """
+    d = obj.__dict__
+    d["_jm_version"] = d.get("_jm_version", 0) + 1
+    ups = d.get("_jm_up")
+    if not ups:
+        return
+    seen = {id(obj)}
+    todo = list(ups)
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        d = o.__dict__
+        d["_jm_version"] = d.get("_jm_version", 0) + 1
+        more = d.get("_jm_up")
+        if more:
+            todo.extend(more)
+
+
+def link(child: Any, parent: Any) -> None:
+    """Let changes of ``child`` move ``parent``'s version (weakly: no cycle kept alive)."""
+    ups = child.__dict__.get("_jm_up")
+    if ups is None:
+        ups = child.__dict__["_jm_up"] = weakref.WeakSet()
+    ups.add(parent)
+
+
+# ----------------------------------------------------------------------------- tree slots
+
+
+@dataclass(frozen=True)
+class TreeState:
+    """The state slots of module trees, each slot once, in ``state_dict`` order.
+
+    ``slots[i]`` is named ``names[i]``: parameters and buffers first (in
+    ``state_dict`` order, tied parameters once), then the ``.grad`` of every
+    parameter when asked for, then the RNG key when a generator was given;
+    ``kinds`` tells them apart.
+    """
+
+    slots: tuple[Slot, ...]
+    names: tuple[str, ...]
+    #: Per slot: "param", "buffer", "grad" or "rng".
+    kinds: tuple[str, ...]
+    #: The parameters, in slot order (each once).
+    params: tuple[Any, ...]
+    #: ``(dotted path, module)`` of every module, as ``named_modules()``.
+    named_modules: tuple[tuple[str, Any], ...]
+    #: Every dotted name of a parameter or buffer, tied and shared names included.
+    aliases: dict[str, Slot] | None = None
+
+
+def _walk(module: Any, path: str, memo: set[int], recurse: bool) -> Iterator[tuple[str, Any]]:
+    """``named_modules()`` order (self first, depth first), linking each child to its parent."""
+    memo.add(id(module))
+    yield path, module
+    if not recurse:
+        return
+    for name, child in module.__dict__["_modules"].items():
+        if child is None:
+            continue
+        link(child, module)
+        if id(child) in memo:
+            continue
+        yield from _walk(child, f"{path}.{name}" if path else name, memo, True)
+
+
+def tree_slots(
+    roots: Any,
+    *,
+    grads: bool = False,
+    rng: Any = None,
+    aliases: bool = False,
+    prefixes: Sequence[str] | None = None,
+    recurse: bool = True,
+) -> TreeState:
+    """Enumerate the state slots of one module tree (or several), each slot once.
+
+    Enumerating links every child to its parent and every parameter to its
+    modules, so that :func:`touch` on any of them moves the roots' versions.
+
+    Args:
+        roots: a module, or a sequence of modules.
+        grads: also list every parameter's ``.grad`` slot.
+        rng: a generator whose key slot to list last.
+        aliases: also map every dotted name (tied and shared ones included)
+            to its slot, as ``named_parameters(remove_duplicate=False)`` does.
+        prefixes: a name prefix per root, ending in ``.`` (default: none for
+            one root, ``"[i]."`` for several).
+        recurse: also the descendants of the roots (not only their own state).
+    """
+    many = isinstance(roots, (list, tuple))
+    roots = tuple(roots) if many else (roots,)
+    if prefixes is None:
+        prefixes = [f"[{i}]." for i in range(len(roots))] if many and len(roots) > 1 else [""]
+    slots: list[Slot] = []
+    names: list[str] = []
+    kinds: list[str] = []
+    params: list[Any] = []
+    seen: set[int] = set()
+    memo: set[int] = set()
+    named: list[tuple[str, Any]] = []
+    every: dict[str, Slot] | None = {} if aliases else None
+    for root, prefix in zip(roots, prefixes):
+        top = prefix.rstrip(".")
+        for path, m in _walk(root, "", memo, recurse):
+            full = prefix + path if path else top
+            named.append((full, m))
+            dot = full + "." if full else ""
+            d = m.__dict__
+            for name, p in d["_parameters"].items():
+                if p is None:
+                    continue
+                link(p, m)
+                slot = (p.__dict__, "_value")
+                if every is not None:
+                    every[dot + name] = slot
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    slots.append(slot)
+                    names.append(dot + name)
+                    kinds.append("param")
+                    params.append(p)
+            buffers = d["_buffers"]
+            for name, b in buffers.items():
+                if b is None:
+                    continue
+                slot = (buffers, name)
+                if every is not None:
+                    every[dot + name] = slot
+                slots.append(slot)
+                names.append(dot + name)
+                kinds.append("buffer")
+        if every is not None:  # shared submodules: their names too
+            for path, m in root.named_modules(remove_duplicate=False):
+                full = prefix + path if path else top
+                dot = full + "." if full else ""
+                for name, p in m.__dict__["_parameters"].items():
+                    if p is not None:
+                        every.setdefault(dot + name, (p.__dict__, "_value"))
+                for name, b in m.__dict__["_buffers"].items():
+                    if b is not None:
+                        every.setdefault(dot + name, (m.__dict__["_buffers"], name))
+    if grads:
+        for p, name in zip(params, [n for n, k in zip(names, kinds) if k == "param"]):
+            slots.append((p.__dict__, "grad"))
+            names.append(name + ".grad")
+            kinds.append("grad")
+    if rng is not None:
+        slots.append(rng_slot(rng))
+        names.append(RNG_NAME)
+        kinds.append("rng")
+    return TreeState(
+        slots=tuple(slots),
+        names=tuple(names),
+        kinds=tuple(kinds),
+        params=tuple(params),
+        named_modules=tuple(named),
+        aliases=every,
+    )
+
+
+#: The name of the RNG key slot in messages and views.
+RNG_NAME = "<rng key>"
