@@ -27,6 +27,7 @@ test: $(VENV)/.test-installed
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/dispatch.py
 	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/threads.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/sharding.py
 	$(PY) benchmarks/readme_table.py

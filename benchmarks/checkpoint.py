@@ -37,7 +37,7 @@ import jmodule.serialization as jms
 from jmodule.checkpoint import CheckpointManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dispatch import save_results
+from harness import save_results
 
 
 def make_state(mib: float, arrays: int, seed: int = 0) -> collections.OrderedDict:

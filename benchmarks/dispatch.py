@@ -1,15 +1,37 @@
-"""Per-call cost of a compiled forward: jmodule vs plain JAX and the peers, in one run.
+"""Per-call cost of a compiled forward: jmodule vs plain JAX and the peers, both regimes, one run.
 
 Two models:
   (a) MLP 16-32-32-10 at batch 8 (dispatch-bound: the per-call overhead shows);
   (b) 32 layers of Linear(8, 8) + BatchNorm1d(8) + ReLU in train mode at
-      batch 8 (192 state arrays, 96 buffers written back each call).
+      batch 16 (192 state arrays, 96 buffers written back each call).
 
 Contestants: plain ``jax.jit`` of the equivalent pure function over
 pre-flattened parameter lists (the floor), jmodule ``model.compile()``,
 jmodule ``jm.jit.script`` when available, Flax ``nnx.jit`` and
 ``nnx.cached_partial``, Equinox ``eqx.filter_jit`` and PyTorch eager.
-Prints microseconds per call and the ratio to the floor.
+
+Every contestant is timed in both regimes of ``harness.py``: *latency*
+(``block_until_ready`` after every call, as serving or ``loss.item()`` each
+step does) and *pipelined* (``calls`` calls, one block at the end), in
+interleaved rounds, best of rounds. One table per model per regime:
+microseconds per call, best / best floor, and the median over rounds of the
+paired per-round ratio (a noise check).
+
+(c) Unrelated-module construction: the compiled model (b), each call preceded
+by constructing a module that has nothing to do with it (``nn.MSELoss()``;
+and, a second variant, ``nn.Linear(8, 8)``, which also initialises
+parameters). Construction costs time of its own, so the figure is::
+
+    time(construct; call) / (time(construct) + time(call))
+
+each of the three measured separately in the same interleaved rounds. 1.00
+means constructing a module does not slow the compiled call at all (no cache
+invalidation, no re-validation of guards, no retrace); 1.05 means that
+constructing any module adds 5% of (construct + call) to the next compiled
+call. In the pipelined regime, construction (host work) may overlap the
+previous call's computation, so a figure below 1 is possible there; in the
+latency regime it cannot overlap. The construct + call row also blocks on
+the constructed ``Linear``'s parameters, as does the construct-alone row.
 
 Run: ``make bench`` or ``python benchmarks/dispatch.py [--quick]``.
 """
@@ -17,42 +39,31 @@ Run: ``make bench`` or ``python benchmarks/dispatch.py [--quick]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import pathlib
 import sys
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import equinox as eqx
 import jax
 import numpy as np
 import torch
 from flax import nnx
+from harness import REGIMES, figure, median_ratio, run_tables, save_results
 
 import jmodule as jm
 from jmodule import nn
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+# These models are far too small for intra-op parallelism, and with two
+# OpenMP threads on a shared 2-core machine PyTorch's barriers cost 10-100x
+# whenever anything else runs; one thread is its fast, stable setting here.
+torch.set_num_threads(1)
 MLP_SIZES = (16, 32, 32, 10)
-DEEP_LAYERS, DEEP_WIDTH, BATCH = 32, 8, 8
-
-
-def per_call_us(step: Callable[[], object], calls: int, repeats: int) -> float:
-    """Best-of-``repeats`` mean time of ``calls`` consecutive calls, in microseconds."""
-    for _ in range(20):
-        out = step()
-    jax.block_until_ready(out)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = step()
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
+MLP_BATCH = 8
+DEEP_LAYERS, DEEP_WIDTH, DEEP_BATCH = 32, 8, 16
+TARGET_FORWARD, TARGET_CONSTRUCT = 1.15, 1.05
 
 
 # ---------------------------------------------------------------- (a) MLP
@@ -108,7 +119,7 @@ def mlp_contestants(x: jax.Array) -> dict[str, Callable[[], object]]:
         torch.nn.ReLU(),
         torch.nn.Linear(32, 10),
     )
-    tx = torch.from_numpy(np.asarray(x))
+    tx = torch.from_numpy(np.array(x))
 
     def torch_step():
         with torch.no_grad():
@@ -142,12 +153,18 @@ def _script(model: nn.Module, x: jax.Array):
 # ---------------------------------------------------------------- (b) deep BN MLP
 
 
-def deep_contestants(x: jax.Array) -> dict[str, Callable[[], object]]:
+def deep_model() -> nn.Sequential:
+    """32 x (Linear 8 + BatchNorm1d + ReLU), compiled, in train mode (the default)."""
     layers = []
     for _ in range(DEEP_LAYERS):
         layers += [nn.Linear(DEEP_WIDTH, DEEP_WIDTH), nn.BatchNorm1d(DEEP_WIDTH), nn.ReLU()]
     model = nn.Sequential(*layers)
     model.compile()
+    return model
+
+
+def deep_contestants(x: jax.Array) -> dict[str, Callable[[], object]]:
+    model = deep_model()
 
     params = [p.data for p in model.parameters()]
     state = {"buffers": [b for _, b in model.named_buffers()]}
@@ -190,10 +207,14 @@ def deep_contestants(x: jax.Array) -> dict[str, Callable[[], object]]:
 
     class EqxDeep(eqx.Module):
         linears: list
+        gammas: list
+        betas: list
 
         def __init__(self, key):
             keys = jax.random.split(key, DEEP_LAYERS)
             self.linears = [eqx.nn.Linear(DEEP_WIDTH, DEEP_WIDTH, key=k) for k in keys]
+            self.gammas = [jax.numpy.ones(DEEP_WIDTH) for _ in keys]
+            self.betas = [jax.numpy.zeros(DEEP_WIDTH) for _ in keys]
 
         def __call__(self, buffers, x):
             new = []
@@ -204,7 +225,8 @@ def deep_contestants(x: jax.Array) -> dict[str, Callable[[], object]]:
                 v = ((x - m) ** 2).mean(0)
                 n = x.shape[0]
                 new += [0.9 * mean + 0.1 * m, 0.9 * var + 0.1 * v * n / (n - 1), count + 1]
-                x = jax.nn.relu((x - m) * jax.lax.rsqrt(v + 1e-5))
+                g, beta = self.gammas[i], self.betas[i]
+                x = jax.nn.relu((x - m) * jax.lax.rsqrt(v + 1e-5) * g + beta)
             return x, new
 
     eqx_model = EqxDeep(jax.random.key(0))
@@ -223,7 +245,7 @@ def deep_contestants(x: jax.Array) -> dict[str, Callable[[], object]]:
             torch.nn.ReLU(),
         ]
     torch_model = torch.nn.Sequential(*torch_layers)
-    tx = torch.from_numpy(np.asarray(x))
+    tx = torch.from_numpy(np.array(x))
 
     def torch_step():
         with torch.no_grad():
@@ -257,48 +279,101 @@ def _args(module: nn.Module) -> tuple:
     return ()
 
 
-def report(title: str, contestants: dict[str, Callable[[], object]], calls: int, repeats: int):
-    """Best-of-``repeats`` us/call of each contestant, measured in interleaved rounds.
-
-    Each round times every contestant once (``calls`` consecutive calls), so a
-    change in machine load during the run hits them all alike.
-    """
-    print(f"\n{title}")
-    print(f"{'contestant':<28}{'us/call':>10}{'x floor':>10}")
-    best = {name: float("inf") for name in contestants}
-    for _ in range(repeats):
-        for name, step in contestants.items():
-            best[name] = min(best[name], per_call_us(step, calls, 1))
-    floor = next(iter(best.values()))
-    for name, us in best.items():
-        print(f"{name:<28}{us:>10.1f}{us / floor:>10.2f}")
-    return best
+# ---------------------------------------------------------------- (c) construction
 
 
-def save_results(name: str, tables: dict[str, dict[str, float]]) -> None:
-    """Write ``benchmarks/results/<name>.json`` (read by ``readme_table.py``)."""
-    out = RESULTS / f"{name}.json"
-    out.parent.mkdir(exist_ok=True)
-    meta = {"jax": jax.__version__, "platform": jax.devices()[0].platform, "cores": os.cpu_count()}
-    out.write_text(json.dumps({"meta": meta, "tables": tables}, indent=2) + "\n")
-    print(f"\nwrote {out}")
+CONSTRUCTIONS = {
+    "nn.MSELoss()": lambda: nn.MSELoss(),
+    "nn.Linear(8, 8)": lambda: nn.Linear(8, 8),
+}
+
+
+def construction_contestants(x: jax.Array) -> dict[str, Callable[[], object]]:
+    """The compiled call alone, each construction alone, and each construction then the call."""
+    model = deep_model()
+
+    def arrays(module: nn.Module) -> list[jax.Array]:
+        return [p.data for p in module.parameters()]
+
+    out: dict[str, Callable[[], object]] = {"compiled call alone": lambda: model(x)}
+    for label, make in CONSTRUCTIONS.items():
+
+        def alone(make=make):
+            return arrays(make())
+
+        def then_call(make=make):
+            made = make()
+            return model(x), arrays(made)
+
+        out[f"{label} alone"] = alone
+        out[f"{label}, then compiled call"] = then_call
+    return out
+
+
+def construction_figures(
+    measured: dict[str, dict[str, list[float]]], title: str, figures: list
+) -> None:
+    """(construct; call) / (construct + call), best-of-rounds and median of paired rounds."""
+    for regime in REGIMES:
+        rounds = measured[regime]
+        call = rounds["compiled call alone"]
+        for label in CONSTRUCTIONS:
+            made, both = rounds[f"{label} alone"], rounds[f"{label}, then compiled call"]
+            ratio = min(both) / (min(made) + min(call))
+            paired = [b / (m + c) for b, m, c in zip(both, made, call)]
+            extra = min(both) - min(made) - min(call)
+            print(f"[{regime}] {label} before each call: {extra:+.1f} us/call beyond the sum")
+            figure(
+                figures,
+                f"{title}: ({label}; call) / ({label} + call)",
+                regime,
+                ratio,
+                float(np.median(paired)),
+                TARGET_CONSTRUCT,
+            )
+
+
+def forward_figures(measured, title: str, figures: list) -> None:
+    for regime in REGIMES:
+        rounds = measured[regime]
+        floor, ours = next(iter(rounds)), "jmodule model.compile()"
+        ratio = min(rounds[ours]) / min(rounds[floor])
+        text = f"{title}: model.compile() / jax.jit"
+        figure(figures, text, regime, ratio, median_ratio(rounds, ours), TARGET_FORWARD)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
     args = parser.parse_args()
-    calls, repeats = (200, 3) if args.quick else (2000, 7)
+    calls, rounds, budget = (200, 3, 0.05) if args.quick else (2000, 11, 0.15)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores")
-    x = jax.random.normal(jax.random.key(0), (BATCH, MLP_SIZES[0]))
-    tables = {}
-    title = "forward, MLP 16-32-32-10, batch 8"
-    tables[title] = report(title, mlp_contestants(x), calls, repeats)
-    xd = jax.random.normal(jax.random.key(1), (BATCH, DEEP_WIDTH))
-    title = f"forward, {DEEP_LAYERS} x (Linear {DEEP_WIDTH} + BatchNorm1d + ReLU), train, batch 8"
-    tables[title] = report(title, deep_contestants(xd), calls // 4, repeats)
+    tables: dict[str, dict[str, float]] = {}
+    raw: dict[str, dict[str, list[float]]] = {}
+    figures: list = []
+
+    x = jax.random.normal(jax.random.key(0), (MLP_BATCH, MLP_SIZES[0]))
+    title = f"forward, MLP 16-32-32-10, batch {MLP_BATCH}"
+    measured = run_tables(title, mlp_contestants(x), calls, rounds, tables, raw, budget_s=budget)
+    forward_figures(measured, title, figures)
+
+    xd = jax.random.normal(jax.random.key(1), (DEEP_BATCH, DEEP_WIDTH))
+    deep = f"{DEEP_LAYERS} x (Linear {DEEP_WIDTH} + BatchNorm1d + ReLU), train, batch {DEEP_BATCH}"
+    title = f"forward, {deep}"
+    measured = run_tables(
+        title, deep_contestants(xd), calls // 4, rounds, tables, raw, budget_s=budget
+    )
+    forward_figures(measured, title, figures)
+
+    title = f"unrelated module constructed before each compiled call, {deep}"
+    contestants = construction_contestants(xd)
+    measured = run_tables(
+        title, contestants, calls // 4, rounds, tables, raw, ref="call", budget_s=budget
+    )
+    construction_figures(measured, "compiled forward, unrelated module constructed", figures)
+
     if not args.quick:
-        save_results("dispatch", tables)
+        save_results("dispatch", tables, rounds=raw, figures=figures)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@
 and then this script, which replaces the text between the
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers in README.md with a
 table of ratios to the plain-JAX floor: numbers are never typed by hand.
+
+The JSON layout is the one ``harness.save_results`` writes: ``tables`` (one
+per model per regime, titled ``... [latency]`` / ``... [pipelined]``; the
+first row of each is its reference) and, optionally, ``figures`` (issue 13's
+ratios with their targets), ``checks`` (PASS/FAIL lines, from ``threads.py``)
+and ``rounds`` (every round's raw figure; not rendered).
 """
 
 from __future__ import annotations
@@ -71,14 +77,48 @@ def compare() -> list[str]:
     return [head, "| --- |" + " ---: |" * len(FRAMEWORKS), *rows, ""]
 
 
+def figures() -> list[str]:
+    """Issue 13's figures (ratios with targets) and checks, from every JSON that has them."""
+    lines = []
+    rows, checks = [], []
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        for f in data.get("figures", []):
+            target = f.get("target")
+            goal = "-" if target is None else f"<= {target:.2f}"
+            met = "-" if target is None else ("yes" if f["ratio"] <= target else "**no**")
+            rows.append(
+                f"| {f['figure']} | {f['regime']} | {_ratio(f['ratio'])} | "
+                f"{_ratio(f['median_ratio'])} | {goal} | {met} |"
+            )
+        for c in data.get("checks", []):
+            verdict = "PASS" if c["passed"] else "**FAIL**"
+            checks.append(f"| {c['check']} | {verdict} | {c['detail']} |")
+    if rows:
+        lines += [
+            "| figure (ratio; best of rounds) | regime | ratio | median round | target | met |",
+            "| --- | --- | ---: | ---: | ---: | --- |",
+            *rows,
+            "",
+        ]
+    if checks:
+        lines += ["| check (`benchmarks/threads.py`) | result | detail |", "| --- | --- | --- |"]
+        lines += [*checks, ""]
+    return lines
+
+
 def render() -> str:
-    lines = compare()
+    lines = compare() + figures()
     for path in sorted(RESULTS.glob("*.json")):
         data = json.loads(path.read_text())
         meta = data["meta"]
+        load = meta.get("load_average")
+        load = (
+            "" if load is None else f", load average {load[0]:.1f} at start, {load[1]:.1f} at end"
+        )
         lines.append(
             f"From `benchmarks/{path.stem}.py` (JAX {meta['jax']}, {meta['platform']}, "
-            f"{meta['cores']} cores); each table's first row is its reference "
+            f"{meta['cores']} cores{load}); each table's first row is its reference "
             "(the plain-JAX floor where there is one), lower is better:\n"
         )
         for title, table in data["tables"].items():

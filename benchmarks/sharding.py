@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from dispatch import save_results
+from harness import save_results
 
 import jmodule as jm
 import jmodule.distributed as dist

@@ -5,15 +5,24 @@ The step is the PyTorch loop under ``@jm.compile``::
     opt.zero_grad()
     loss = jm.backward(lambda: F.cross_entropy(model(x), y))
     opt.step()
+    return loss
 
-Two MLPs: 16-32-32-10 at batch 8 (dispatch-bound) and 784-512-512-10 at
-batch 128 (compute-bound). Contestants: plain JAX + optax with a jitted,
-donated step (the floor), jmodule, Flax ``nnx.jit`` and ``nnx.cached_partial``
-steps with ``nnx.Optimizer``, an ``eqx.filter_jit`` step with optax, and
-PyTorch eager. Memory: argument + temporary bytes from XLA's
-``memory_analysis()`` of jmodule's compiled step and of the floor's.
+Two MLPs: 16-32-32-10 at batch 8 (dispatch-bound; issue 13's target: at most
+1.15x the floor) and 784-512-512-10 at batch 128 (compute-bound; target at
+most 1.05x). Contestants: plain JAX + optax with a jitted, donated step (the
+floor), jmodule, Flax ``nnx.jit`` and ``nnx.cached_partial`` steps with
+``nnx.Optimizer``, an ``eqx.filter_jit`` step with optax, and PyTorch eager
+(one intra-op thread for the small model, where threads only add barrier
+cost on a shared machine; all cores for the large one).
 
-Run: ``python benchmarks/train_step.py [--quick]``.
+Every contestant is timed in both regimes of ``harness.py``, in the same
+interleaved rounds: *latency* (``block_until_ready(loss)`` after every step,
+as a loop printing ``loss.item()`` each step does) and *pipelined* (``calls``
+steps, one block at the end). One table per model per regime. Memory:
+argument + temporary bytes from XLA's ``memory_analysis()`` of jmodule's
+compiled step and of the floor's.
+
+Run: ``make bench`` or ``python benchmarks/train_step.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -24,14 +33,15 @@ import sys
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import equinox as eqx
 import jax
 import numpy as np
 import optax
 import torch
-from dispatch import report, save_results
 from flax import nnx
+from harness import REGIMES, figure, median_ratio, run_tables, save_results
 
 import jmodule as jm
 import jmodule.nn.functional as F
@@ -177,19 +187,36 @@ def contestants(sizes: tuple[int, ...], batch: int) -> tuple[dict[str, Callable]
     return steps, memory
 
 
+MODELS = (
+    # sizes, batch, calls per measurement, issue 13's target, torch threads
+    ((16, 32, 32, 10), 8, 1000, 1.15, 1),
+    ((784, 512, 512, 10), 128, 100, 1.05, os.cpu_count() or 1),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
     args = parser.parse_args()
+    rounds, budget = (3, 0.05) if args.quick else (11, 0.2)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores")
-    tables = {}
-    for sizes, batch, calls in (((16, 32, 32, 10), 8, 1000), ((784, 512, 512, 10), 128, 100)):
+    tables: dict[str, dict[str, float]] = {}
+    raw: dict[str, dict[str, list[float]]] = {}
+    figures: list = []
+    for sizes, batch, calls, target, threads in MODELS:
         if args.quick:
             calls = max(calls // 10, 10)
+        torch.set_num_threads(threads)
         steps, memory = contestants(sizes, batch)
         label = "-".join(map(str, sizes))
         title = f"Adam training step, MLP {label}, batch {batch}"
-        tables[title] = report(title, steps, calls, 7)
+        measured = run_tables(title, steps, calls, rounds, tables, raw, budget_s=budget)
+        for regime in REGIMES:
+            per_round = measured[regime]
+            floor, ours = next(iter(per_round)), "jmodule @jm.compile step"
+            ratio = min(per_round[ours]) / min(per_round[floor])
+            text = f"{title}: @jm.compile step / jax.jit + optax (donated)"
+            figure(figures, text, regime, ratio, median_ratio(per_round, ours), target)
         ratio = memory["jmodule"] / memory["floor"]
         print(
             f"argument+temp memory: jmodule {memory['jmodule']:,} B, floor {memory['floor']:,} B "
@@ -200,7 +227,7 @@ def main() -> None:
             "jmodule @jm.compile step": memory["jmodule"],
         }
     if not args.quick:
-        save_results("train_step", tables)
+        save_results("train_step", tables, rounds=raw, figures=figures)
 
 
 if __name__ == "__main__":

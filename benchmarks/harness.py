@@ -1,0 +1,192 @@
+"""Timing harness shared by the benchmarks: two regimes, interleaved rounds, JSON results.
+
+Regimes (every contestant is timed in both):
+
+* ``latency``: ``jax.block_until_ready(out)`` after every call, as a training
+  loop that reads ``loss.item()`` each step, or a server answering a request,
+  does. The figure is the mean wall time of one call, dispatch and compute
+  both, with nothing overlapped.
+* ``pipelined``: ``calls`` consecutive calls and one ``block_until_ready`` at
+  the end, so that JAX's asynchronous dispatch overlaps the Python side of
+  call ``i + 1`` with the computation of call ``i``. The figure is the mean
+  per call.
+
+Rounds: each round times every contestant once in each regime (the order of
+contestants rotates from round to round), and the figure kept is the best
+round. A change in machine load during the run therefore hits every
+contestant alike. Besides the best-of-rounds ratio to the floor (the first
+contestant), ``measure`` keeps every round, and ``median_ratio`` gives the
+median over rounds of the *paired* per-round ratio (contestant / floor in the
+same round), a second estimate that shows how noisy a ratio is.
+
+JSON (``benchmarks/results/<name>.json``, read by ``readme_table.py``)::
+
+    {"meta": {...},
+     "tables": {title: {contestant: value}},     # first contestant = reference
+     "rounds": {title: {contestant: [value per round]}},    # optional
+     "figures": [{"figure", "regime", "ratio", "median_ratio", "target"}],  # optional
+     "checks": [{"check", "passed", "detail"}]}              # optional
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+REGIMES = ("latency", "pipelined")
+Step = Callable[[], Any]
+LOAD_AT_START = os.getloadavg()[0]  # machine load when the benchmark began (1-minute average)
+
+
+def time_calls(step: Step, calls: int, regime: str) -> float:
+    """Mean seconds per call of ``calls`` calls of ``step`` in ``regime``."""
+    jax.block_until_ready(step())  # nothing of an earlier measurement is still in flight
+    if regime == "latency":
+        start = time.perf_counter()
+        for _ in range(calls):
+            jax.block_until_ready(step())
+        return (time.perf_counter() - start) / calls
+    if regime == "pipelined":
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = step()
+        jax.block_until_ready(out)
+        return (time.perf_counter() - start) / calls
+    raise ValueError(f"unknown regime {regime!r}")
+
+
+def measure(
+    contestants: dict[str, Step],
+    calls: int,
+    rounds: int,
+    *,
+    budget_s: float = 0.25,
+    min_calls: int = 5,
+    warmup: int = 20,
+) -> dict[str, dict[str, list[float]]]:
+    """Microseconds per call of each contestant in each regime, one entry per round.
+
+    Returns ``{regime: {contestant: [us per round]}}``. Each contestant makes
+    ``calls`` calls per measurement, fewer (not under ``min_calls``) when that
+    would take longer than ``budget_s`` (judged from the fastest of up to
+    ``warmup`` warm-up calls), so that a slow peer does not make the run long;
+    a contestant's call count is the same in every round and regime.
+    """
+    counts = {}
+    for name, step in contestants.items():
+        jax.block_until_ready(step())  # compiles
+        estimate, done, start = float("inf"), 0, time.perf_counter()
+        while done < warmup and (done < 3 or time.perf_counter() - start < budget_s):
+            t = time.perf_counter()
+            jax.block_until_ready(step())
+            estimate, done = min(estimate, time.perf_counter() - t), done + 1
+        counts[name] = min(calls, max(min_calls, int(budget_s / max(estimate, 1e-9))))
+    names = list(contestants)
+    out: dict[str, dict[str, list[float]]] = {r: {n: [] for n in names} for r in REGIMES}
+    for i in range(rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            for regime in REGIMES:
+                us = time_calls(contestants[name], counts[name], regime) * 1e6
+                out[regime][name].append(us)
+    return out
+
+
+def best(rounds: dict[str, list[float]]) -> dict[str, float]:
+    """Best round of each contestant."""
+    return {name: min(values) for name, values in rounds.items()}
+
+
+def median_ratio(rounds: dict[str, list[float]], name: str, ref: str | None = None) -> float:
+    """Median over rounds of ``name``'s time / ``ref``'s (default: the first) in the same round."""
+    ref = next(iter(rounds)) if ref is None else ref
+    return statistics.median(a / b for a, b in zip(rounds[name], rounds[ref]))
+
+
+def print_table(title: str, rounds: dict[str, list[float]], ref: str = "floor") -> dict[str, float]:
+    """Print best us/call, best / best first row and the median paired ratio; return the bests."""
+    bests = best(rounds)
+    floor = next(iter(bests.values()))
+    print(f"\n{title}")
+    print(f"{'contestant':<36}{'us/call':>10}{'x ' + ref:>9}{'median x':>10}")
+    for name, us in bests.items():
+        print(f"{name:<36}{us:>10.1f}{us / floor:>9.2f}{median_ratio(rounds, name):>10.2f}")
+    return bests
+
+
+def run_tables(
+    title: str,
+    contestants: dict[str, Step],
+    calls: int,
+    rounds: int,
+    tables: dict[str, dict[str, float]],
+    raw: dict[str, dict[str, list[float]]],
+    ref: str = "floor",
+    **kwargs: Any,
+) -> dict[str, dict[str, list[float]]]:
+    """Measure ``contestants`` in both regimes; print and record one table per regime.
+
+    The tables are titled ``f"{title} [{regime}]"``.
+    """
+    measured = measure(contestants, calls, rounds, **kwargs)
+    for regime, per_round in measured.items():
+        name = f"{title} [{regime}]"
+        tables[name] = print_table(name, per_round, ref)
+        raw[name] = per_round
+    return measured
+
+
+def figure(
+    figures: list[dict[str, Any]],
+    text: str,
+    regime: str,
+    ratio: float,
+    median: float,
+    target: float | None,
+) -> None:
+    """Record (and print) one of issue 13's figures: a ratio and its target."""
+    verdict = "" if target is None else ("  (meets)" if ratio <= target else "  (MISSES)")
+    goal = "" if target is None else f" target <= {target:.2f}"
+    print(f"FIGURE [{regime}] {text}: {ratio:.3f}x (median round {median:.3f}x){goal}{verdict}")
+    figures.append(
+        {"figure": text, "regime": regime, "ratio": ratio, "median_ratio": median, "target": target}
+    )
+
+
+def meta() -> dict[str, Any]:
+    """Versions, platform, cores, and the 1-minute load average at the start and end of the run."""
+    return {
+        "jax": jax.__version__,
+        "platform": jax.devices()[0].platform,
+        "cores": os.cpu_count(),
+        "load_average": [round(LOAD_AT_START, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def save_results(
+    name: str,
+    tables: dict[str, dict[str, float]],
+    *,
+    rounds: dict[str, dict[str, list[float]]] | None = None,
+    figures: Sequence[dict[str, Any]] | None = None,
+    checks: Sequence[dict[str, Any]] | None = None,
+) -> None:
+    """Write ``benchmarks/results/<name>.json`` (read by ``readme_table.py``)."""
+    out = RESULTS / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    data: dict[str, Any] = {"meta": meta(), "tables": tables}
+    if figures:
+        data["figures"] = list(figures)
+    if checks:
+        data["checks"] = list(checks)
+    if rounds:
+        data["rounds"] = rounds
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwrote {out}")
