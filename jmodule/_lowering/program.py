@@ -188,6 +188,8 @@ class Plan:
     named_modules: tuple[tuple[str, Any], ...]
     #: Per slot: the Parameter whose value it holds (read under a gradient recorder), or None.
     cells: tuple[Any, ...]
+    #: The non-donating ``jax.jit`` function for ``key``, once made.
+    jitted: Callable | None = None
     #: The settled per-call path (``call_donating``), once known.
     fast: FastPath | None = None
     #: The donating program used last (no hashing of the key to find it again).
@@ -270,6 +272,9 @@ class Program:
 
     def jitted(self, plan: Plan) -> Callable:
         """The ``jax.jit`` function for ``plan``'s structure key (made on first use)."""
+        fn = plan.jitted
+        if fn is not None:
+            return fn
         fn = self.entries.get(plan.key)
         if fn is None:
             self._note_structure(plan.infos)
@@ -277,6 +282,7 @@ class Program:
                 functools.partial(self._pure, plan.key), **self.jit_options
             )
         self._infos = plan.infos
+        plan.jitted = fn
         return fn
 
     def donating(self, plan: Plan, donated: tuple[int, ...], kept: tuple[int, ...]) -> Donation:
