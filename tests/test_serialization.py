@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import importlib
 import math
 import os
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import jmodule as jm
 import jmodule.serialization as jms
 from jmodule.serialization import _atomic, _directory, _metafile
 
@@ -231,7 +231,7 @@ def test_map_location_device_dtype_pair_array_and_callable(tmp_path):
     sd = {"w": _random((3,), jnp.float32), "h": _random((3,), jnp.bfloat16), "i": jnp.arange(3)}
     jms.save(sd, tmp_path / "c")
     cpu = jax.devices("cpu")[0]
-    for spec in ("cpu", cpu, jm_device("cpu"), jax.sharding.SingleDeviceSharding(cpu)):
+    for spec in ("cpu", cpu, jm.device("cpu"), jax.sharding.SingleDeviceSharding(cpu)):
         out = jms.load(tmp_path / "c", map_location=spec)
         assert all(a.devices() == {cpu} for a in out.values())
         assert all(_same(out[k], sd[k]) for k in sd)
@@ -245,15 +245,11 @@ def test_map_location_device_dtype_pair_array_and_callable(tmp_path):
     assert seen == list(sd) and _same(out["w"], sd["w"] * 2)
 
 
-def jm_device(name):
-    return importlib.import_module("jmodule.device").device(name)
-
-
 def test_default_placement_follows_a_device_context_but_not_meta(tmp_path):
     jms.save({"w": jnp.ones(3)}, tmp_path / "c")
-    with jm_device("cpu"):
+    with jm.device("cpu"):
         assert jms.load(tmp_path / "c")["w"].devices() == {jax.devices("cpu")[0]}
-    with jm_device("meta"):  # a meta context builds models; loading still reads data
+    with jm.device("meta"):  # a meta context builds models; loading still reads data
         out = jms.load(tmp_path / "c")["w"]
     assert isinstance(out, jax.Array) and float(out.sum()) == 3.0
 

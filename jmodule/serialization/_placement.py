@@ -13,7 +13,6 @@ applied to each loaded array. A dict gives some keys a placement of their own
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,8 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# ``jmodule.device`` the module (the package re-exports the class under the same name).
-_device = importlib.import_module("jmodule.device")
+from jmodule import _device
 
 _META = "meta"
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import device as _device
+from jmodule import _device
 from jmodule._lowering import binding
 from jmodule.nn.parameter import Parameter
 
