@@ -269,6 +269,29 @@ def test_map_location_refuses_integer_dtype_and_unknown_device(tmp_path):
         jms.load(tmp_path / "c", map_location=jnp.int32)
     with pytest.raises(RuntimeError, match="not available"):
         jms.load(tmp_path / "c", map_location="cuda:7")
+    with pytest.raises(TypeError, match="floating point or complex"):
+        jms.load(tmp_path / "c", map_location=jnp.zeros(1, jnp.int32))  # as Module.to
+
+
+def test_map_location_reads_the_words_of_module_to(tmp_path):
+    """One parser serves both: torch objects and complex-to-real casts behave as in ``to``."""
+    import torch
+
+    sd = {"w": _random((3,), jnp.float32), "i": jnp.arange(2)}
+    jms.save(sd, tmp_path / "c")
+    for spec in (torch.zeros(1, dtype=torch.float16), (torch.device("cpu"), torch.float16)):
+        out = jms.load(tmp_path / "c", map_location=spec)
+        assert out["w"].dtype == jnp.float16 and out["i"].dtype == sd["i"].dtype
+        assert out["w"].devices() == {jax.devices("cpu")[0]}
+    jms.save({"z": jnp.ones(2, jnp.complex64)}, tmp_path / "z")
+    with pytest.warns(UserWarning, match="discards the imaginary part"):
+        out = jms.load(tmp_path / "z", map_location=jnp.float32)
+    assert out["z"].dtype == jnp.float32 and _same(out["z"], jnp.ones(2))
+    model = jm.nn.Linear(2, 2)
+    model.register_buffer("z", jnp.ones(2, jnp.complex64))
+    with pytest.warns(UserWarning, match="discards the imaginary part"):
+        model.to(torch.float32)
+    assert model.z.dtype == jnp.float32
 
 
 def test_existing_path_needs_overwrite_and_overwrite_replaces(tmp_path):

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from jmodule.distributed._rules import axis_size
+from jmodule._sharding import axis_size
 from jmodule.nn.parameter import _ArrayLike
 
 __all__ = ["make_mesh", "replicated", "shard_batch"]
