@@ -43,6 +43,7 @@ from jmodule._lowering import compiled as _compiled
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile_stats as compile_stats
+from jmodule._version import __version__ as __version__
 from jmodule.autograd import backward as backward
 from jmodule.autograd import grad as grad
 from jmodule.autograd import no_grad as no_grad
@@ -56,8 +57,6 @@ from jmodule.random import seed as seed
 from jmodule.serialization import load as load
 from jmodule.serialization import save as save
 from jmodule.summary import summary as summary
-
-__version__ = "0.1.0.dev0"
 
 # Public names that are also Python builtins: ``jm.bool`` (``torch.bool``) and
 # ``jm.compile`` (``torch.compile``). ``__getattr__`` serves them, so that no
