@@ -29,6 +29,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from jmodule import random as _random
+from jmodule.nn.parameter import _ArrayLike
 
 __all__ = [
     "RNG_KEY",
@@ -116,8 +117,6 @@ def attribute_for(name: str) -> str:
 
 
 def _raw(x: Any) -> Any:
-    from jmodule.nn.parameter import _ArrayLike
-
     return x.__dict__["_value"] if isinstance(x, _ArrayLike) else x
 
 
