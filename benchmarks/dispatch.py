@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -333,6 +334,49 @@ def construction_figures(
             )
 
 
+def isolated_call_figures(x: jax.Array, calls: int, rounds: int, title: str, figures: list) -> None:
+    """Latency of the compiled call itself, with and without a construction just before it.
+
+    Only the call (and its ``block_until_ready``) is inside the timer; the
+    construction runs, and finishes, before the timer starts. Rounds
+    interleave the variants; best and median of the paired ratios, as the
+    harness does.
+    """
+    model = deep_model()
+    variants = {"nothing": None, **CONSTRUCTIONS}
+    per_round: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(20):
+        jax.block_until_ready(model(x))
+    for i in range(rounds):
+        names = list(variants)
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            make = variants[name]
+            total = 0.0
+            for _ in range(calls):
+                if make is not None:
+                    made = make()
+                    jax.block_until_ready([p.data for p in made.parameters()])
+                start = time.perf_counter()
+                jax.block_until_ready(model(x))
+                total += time.perf_counter() - start
+            per_round[name].append(total / calls * 1e6)
+    print(f"\n{title} [latency, the call alone timed]")
+    print(f"{'constructed before each call':<36}{'us/call':>10}{'x none':>9}{'median x':>10}")
+    for name, values in per_round.items():
+        ratio = min(values) / min(per_round["nothing"])
+        paired = median_ratio(per_round, name, "nothing")
+        print(f"{name:<36}{min(values):>10.1f}{ratio:>9.2f}{paired:>10.2f}")
+        if name != "nothing":
+            figure(
+                figures,
+                f"{title}: the call after {name} / the call alone",
+                "latency",
+                ratio,
+                paired,
+                TARGET_CONSTRUCT,
+            )
+
+
 def forward_figures(measured, title: str, figures: list) -> None:
     for regime in REGIMES:
         rounds = measured[regime]
@@ -371,6 +415,7 @@ def main() -> None:
         title, contestants, calls // 4, rounds, tables, raw, ref="call", budget_s=budget
     )
     construction_figures(measured, "compiled forward, unrelated module constructed", figures)
+    isolated_call_figures(xd, calls // 8, rounds, f"compiled forward, {deep}", figures)
 
     if not args.quick:
         save_results("dispatch", tables, rounds=raw, figures=figures)

@@ -8,6 +8,7 @@
 (3, 2)
 """
 
+from jmodule import _device
 from jmodule import checkpoint as checkpoint
 from jmodule import distributed as distributed
 from jmodule import func as func
@@ -16,37 +17,37 @@ from jmodule import nn as nn
 from jmodule import optim as optim
 from jmodule import random as random
 from jmodule import serialization as serialization
+from jmodule._device import DeviceError as DeviceError
+from jmodule._device import DtypeError as DtypeError
+from jmodule._device import bfloat16 as bfloat16
+from jmodule._device import channels_last as channels_last
+from jmodule._device import channels_last_3d as channels_last_3d
+from jmodule._device import complex64 as complex64
+from jmodule._device import complex128 as complex128
+from jmodule._device import contiguous_format as contiguous_format
+from jmodule._device import device as device
+from jmodule._device import double as double
+from jmodule._device import float16 as float16
+from jmodule._device import float32 as float32
+from jmodule._device import float64 as float64
+from jmodule._device import half as half
+from jmodule._device import int8 as int8
+from jmodule._device import int16 as int16
+from jmodule._device import int32 as int32
+from jmodule._device import int64 as int64
+from jmodule._device import is_meta as is_meta
+from jmodule._device import long as long
+from jmodule._device import preserve_format as preserve_format
+from jmodule._device import uint8 as uint8
+from jmodule._lowering import compiled as _compiled
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
-from jmodule._lowering.compiled import compile as compile
 from jmodule._lowering.compiled import compile_stats as compile_stats
+from jmodule._version import __version__ as __version__
 from jmodule.autograd import backward as backward
 from jmodule.autograd import grad as grad
 from jmodule.autograd import no_grad as no_grad
 from jmodule.autograd import value_and_grad as value_and_grad
-from jmodule.device import DeviceError as DeviceError
-from jmodule.device import DtypeError as DtypeError
-from jmodule.device import bfloat16 as bfloat16
-from jmodule.device import bool as bool
-from jmodule.device import channels_last as channels_last
-from jmodule.device import channels_last_3d as channels_last_3d
-from jmodule.device import complex64 as complex64
-from jmodule.device import complex128 as complex128
-from jmodule.device import contiguous_format as contiguous_format
-from jmodule.device import device as device
-from jmodule.device import double as double
-from jmodule.device import float16 as float16
-from jmodule.device import float32 as float32
-from jmodule.device import float64 as float64
-from jmodule.device import half as half
-from jmodule.device import int8 as int8
-from jmodule.device import int16 as int16
-from jmodule.device import int32 as int32
-from jmodule.device import int64 as int64
-from jmodule.device import is_meta as is_meta
-from jmodule.device import long as long
-from jmodule.device import preserve_format as preserve_format
-from jmodule.device import uint8 as uint8
 from jmodule.nn.modules.module import Module as Module
 from jmodule.nn.parameter import Parameter as Parameter
 from jmodule.random import Generator as Generator
@@ -57,4 +58,18 @@ from jmodule.serialization import load as load
 from jmodule.serialization import save as save
 from jmodule.summary import summary as summary
 
-__version__ = "0.1.0.dev0"
+# Public names that are also Python builtins: ``jm.bool`` (``torch.bool``) and
+# ``jm.compile`` (``torch.compile``). ``__getattr__`` serves them, so that no
+# module of the package, this one included, rebinds a builtin.
+_BUILTIN_NAMED = {"bool": _device.bool_, "compile": _compiled.compile_function}
+
+
+def __getattr__(name: str) -> object:
+    try:
+        return _BUILTIN_NAMED[name]
+    except KeyError:
+        raise AttributeError(f"module 'jmodule' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_BUILTIN_NAMED})

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import device as _device
+from jmodule import _device
 
 
 def placement(device: Any = None) -> Any:

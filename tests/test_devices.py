@@ -127,6 +127,21 @@ def test_device_names_parse_like_pytorch():
     assert jm.device("cpu").jax_device() == jax.devices("cpu")[0]
 
 
+def test_jm_device_is_the_class_and_no_module_shares_its_name():
+    """``jm.device`` is ``torch.device``'s counterpart; as ``import torch.device``
+    fails, ``import jmodule.device`` finds no module (the module is ``jmodule._device``)."""
+    import importlib.machinery
+
+    import jmodule
+    from jmodule import device
+
+    assert device is jm.device and isinstance(jm.device("cpu"), jm.device)
+    # Look where the import system looks for jmodule's own submodules (a finder of an
+    # editable install elsewhere on the machine may know other copies of the package).
+    assert importlib.machinery.PathFinder.find_spec("jmodule.device", jmodule.__path__) is None
+    assert importlib.machinery.PathFinder.find_spec("jmodule._device", jmodule.__path__)
+
+
 def test_double_without_x64_explains_how_to_enable_it():
     model = nn.Linear(2, 2)
     for call in (

@@ -395,6 +395,8 @@ def test_shard_batch_and_shard_type_errors():
 
 
 def test_docstring_examples_run():
+    import jmodule._placement
+    import jmodule._sharding
     import jmodule.distributed._constrain
     import jmodule.distributed._mesh
     import jmodule.distributed._presets
@@ -403,6 +405,8 @@ def test_docstring_examples_run():
     import jmodule.nn.modules.syncbatchnorm
 
     modules = [
+        jmodule._placement,
+        jmodule._sharding,
         jmodule.distributed,
         jmodule.distributed._constrain,
         jmodule.distributed._mesh,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import importlib
 import math
 import os
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import jmodule as jm
 import jmodule.serialization as jms
 from jmodule.serialization import _atomic, _directory, _metafile
 
@@ -231,7 +231,7 @@ def test_map_location_device_dtype_pair_array_and_callable(tmp_path):
     sd = {"w": _random((3,), jnp.float32), "h": _random((3,), jnp.bfloat16), "i": jnp.arange(3)}
     jms.save(sd, tmp_path / "c")
     cpu = jax.devices("cpu")[0]
-    for spec in ("cpu", cpu, jm_device("cpu"), jax.sharding.SingleDeviceSharding(cpu)):
+    for spec in ("cpu", cpu, jm.device("cpu"), jax.sharding.SingleDeviceSharding(cpu)):
         out = jms.load(tmp_path / "c", map_location=spec)
         assert all(a.devices() == {cpu} for a in out.values())
         assert all(_same(out[k], sd[k]) for k in sd)
@@ -245,15 +245,11 @@ def test_map_location_device_dtype_pair_array_and_callable(tmp_path):
     assert seen == list(sd) and _same(out["w"], sd["w"] * 2)
 
 
-def jm_device(name):
-    return importlib.import_module("jmodule.device").device(name)
-
-
 def test_default_placement_follows_a_device_context_but_not_meta(tmp_path):
     jms.save({"w": jnp.ones(3)}, tmp_path / "c")
-    with jm_device("cpu"):
+    with jm.device("cpu"):
         assert jms.load(tmp_path / "c")["w"].devices() == {jax.devices("cpu")[0]}
-    with jm_device("meta"):  # a meta context builds models; loading still reads data
+    with jm.device("meta"):  # a meta context builds models; loading still reads data
         out = jms.load(tmp_path / "c")["w"]
     assert isinstance(out, jax.Array) and float(out.sum()) == 3.0
 
@@ -273,6 +269,29 @@ def test_map_location_refuses_integer_dtype_and_unknown_device(tmp_path):
         jms.load(tmp_path / "c", map_location=jnp.int32)
     with pytest.raises(RuntimeError, match="not available"):
         jms.load(tmp_path / "c", map_location="cuda:7")
+    with pytest.raises(TypeError, match="floating point or complex"):
+        jms.load(tmp_path / "c", map_location=jnp.zeros(1, jnp.int32))  # as Module.to
+
+
+def test_map_location_reads_the_words_of_module_to(tmp_path):
+    """One parser serves both: torch objects and complex-to-real casts behave as in ``to``."""
+    import torch
+
+    sd = {"w": _random((3,), jnp.float32), "i": jnp.arange(2)}
+    jms.save(sd, tmp_path / "c")
+    for spec in (torch.zeros(1, dtype=torch.float16), (torch.device("cpu"), torch.float16)):
+        out = jms.load(tmp_path / "c", map_location=spec)
+        assert out["w"].dtype == jnp.float16 and out["i"].dtype == sd["i"].dtype
+        assert out["w"].devices() == {jax.devices("cpu")[0]}
+    jms.save({"z": jnp.ones(2, jnp.complex64)}, tmp_path / "z")
+    with pytest.warns(UserWarning, match="discards the imaginary part"):
+        out = jms.load(tmp_path / "z", map_location=jnp.float32)
+    assert out["z"].dtype == jnp.float32 and _same(out["z"], jnp.ones(2))
+    model = jm.nn.Linear(2, 2)
+    model.register_buffer("z", jnp.ones(2, jnp.complex64))
+    with pytest.warns(UserWarning, match="discards the imaginary part"):
+        model.to(torch.float32)
+    assert model.z.dtype == jnp.float32
 
 
 def test_existing_path_needs_overwrite_and_overwrite_replaces(tmp_path):

@@ -32,7 +32,13 @@ from jmodule._lowering import state, structure
 from jmodule._lowering.program import Plan, Program, wrap_leaf
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 
-__all__ = ["CompileStats", "CompiledForward", "CompiledFunction", "compile", "compile_stats"]
+__all__ = [
+    "CompileStats",
+    "CompiledForward",
+    "CompiledFunction",
+    "compile_function",
+    "compile_stats",
+]
 
 
 def _is_param(x: Any) -> bool:
@@ -360,8 +366,8 @@ class CompiledFunction:
         return self.program.num_traces
 
 
-def compile(fn: Callable | None = None, *, donate: bool = True, **jit_options: Any) -> Any:
-    """Compile ``fn`` whole, with the state of the modules it is given.
+def compile_function(fn: Callable | None = None, *, donate: bool = True, **jit_options: Any) -> Any:
+    """``jm.compile``: compile ``fn`` whole, with the state of the modules it is given.
 
     Arguments that are modules (or other jmodule stateful objects, such as
     optimizers) have their parameters, buffers and the default RNG key
@@ -386,7 +392,7 @@ def compile(fn: Callable | None = None, *, donate: bool = True, **jit_options: A
     (2, 1)
     """
     if fn is None:
-        return functools.partial(compile, donate=donate, **jit_options)
+        return functools.partial(compile_function, donate=donate, **jit_options)
     return CompiledFunction(fn, jit_options, donate)
 
 

@@ -24,6 +24,9 @@ every collective (gradient all-reduce or reduce-scatter, weight gathers).
 (16, 4)
 """
 
+from jmodule._sharding import Rules as Rules
+from jmodule._sharding import ShardingRuleError as ShardingRuleError
+from jmodule._sharding import Spec as Spec
 from jmodule.distributed._constrain import constrain as constrain
 from jmodule.distributed._mesh import make_mesh as make_mesh
 from jmodule.distributed._mesh import replicated as replicated
@@ -35,9 +38,6 @@ from jmodule.distributed._process import get_rank as get_rank
 from jmodule.distributed._process import get_world_size as get_world_size
 from jmodule.distributed._process import init as init
 from jmodule.distributed._process import is_initialized as is_initialized
-from jmodule.distributed._rules import Rules as Rules
-from jmodule.distributed._rules import ShardingRuleError as ShardingRuleError
-from jmodule.distributed._rules import Spec as Spec
 from jmodule.distributed._rules import shard as shard
 from jmodule.distributed._rules import shardings as shardings
 

@@ -3,20 +3,19 @@
 The per-call object of a ScriptModule is ``model.compile()``'s
 ``CompiledForward``; these wrappers go around it only when asked for
 (``fallback="eager"``, ``DebugOptions(save_dir=...)``), so the default call
-path has nothing added.
+path has nothing added. The ScriptModule hands them the callables they need
+(this module sits beneath ``_script`` and does not import it).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jmodule.jit._errors import TracingError
-
-if TYPE_CHECKING:
-    from jmodule.jit._script import ScriptModule
 
 
 @dataclass(frozen=True)
@@ -61,11 +60,24 @@ class DebugOptions:
 
 
 class WithFallback:
-    """The compiled call, or the eager one after the first call failed to trace."""
+    """The compiled call, or the eager one after the first call failed to trace.
 
-    def __init__(self, inner: Any, script: ScriptModule):
+    Args:
+        inner: the compiled call, ``inner(args, kwargs)``.
+        fall_back: called with the ``TracingError`` when a call fails to trace
+            (it warns and sets :attr:`eager`).
+        eager_call: the uncompiled call, ``eager_call(*args, **kwargs)``.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        fall_back: Callable[[TracingError], None],
+        eager_call: Callable[..., Any],
+    ):
         self.inner = inner
-        self.script = script
+        self.fall_back = fall_back
+        self.eager_call = eager_call
         self.eager = False
 
     @property
@@ -77,16 +89,21 @@ class WithFallback:
             try:
                 return self.inner(args, kwargs)
             except TracingError as e:
-                self.script._fall_back(e)
-        return self.script.module._call_impl(*args, **kwargs)
+                self.fall_back(e)
+        return self.eager_call(*args, **kwargs)
 
 
 class WithDumps:
-    """The compiled call, then a dump of whatever it traced (``DebugOptions.save_dir``)."""
+    """The compiled call, then a dump of whatever it traced (``DebugOptions.save_dir``).
 
-    def __init__(self, inner: Any, script: ScriptModule):
+    Args:
+        inner: the compiled call, ``inner(args, kwargs)``.
+        dump: writes the programs traced since it last ran (nothing if none).
+    """
+
+    def __init__(self, inner: Any, dump: Callable[[], None]):
         self.inner = inner
-        self.script = script
+        self.dump = dump
 
     @property
     def program(self) -> Any:
@@ -94,6 +111,5 @@ class WithDumps:
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         out = self.inner(args, kwargs)
-        if self.script.__dict__["_jm_pending"]:
-            self.script._dump_pending()
+        self.dump()
         return out

@@ -48,6 +48,14 @@ class IncompatibleVersionError(ProgramFileError):
     """A program file was written by a jmodule or jax this installation cannot read."""
 
 
+#: The message of :class:`NotTracedError` (``what``: "graph", "program to save", ...).
+NOT_TRACED = (
+    "{name} has not been traced yet, so it has no {what}. Call it once, or create it with "
+    "example inputs: jm.jit.trace(model, example_inputs) or "
+    "jm.jit.script(model, example_inputs=(x,))."
+)
+
+
 # ----------------------------------------------------------------------- untraceable forwards
 
 _WHY_BOOL = (

@@ -2,7 +2,8 @@
 
 The program is the forward as ``jax.export`` serializes it (StableHLO, for
 CPU and CUDA, with a symbolic batch dimension when asked), taking the state
-as inputs; the state is stored beside it as raw arrays. Loading verifies
+as inputs; the state is stored beside it as raw arrays (written by
+``_save``, which ``ScriptModule.save`` calls too). Loading verifies
 every checksum and both versions before anything is deserialized, then
 rebuilds the module tree (``_restored``) so the result is a ScriptModule
 whose ``state_dict()`` has the original's keys.
@@ -19,33 +20,12 @@ from typing import Any, BinaryIO
 import jax
 import numpy as np
 
-from jmodule._lowering import state as _state
-from jmodule._lowering.state import RNG_NAME as _RNG_NAME
-from jmodule.jit import _format, _spec
+from jmodule.jit import _format
 from jmodule.jit._code import ConstMap
-from jmodule.jit._errors import (
-    IncompatibleVersionError,
-    JitError,
-    NotTracedError,
-    ProgramFileError,
-)
-from jmodule.jit._restored import LoadedProgram, describe_tree, restore_tree
-from jmodule.jit._script import _NOT_TRACED, ScriptModule
-from jmodule.jit._trace import FlatForward, trace_symbolic
-
-#: The platforms every saved program is compiled for.
-PLATFORMS = ("cpu", "cuda")
-
-_VIEWS = ("graph", "inlined_graph", "code")
-
-
-def _serialization_version() -> int | None:
-    """The ``jax.export`` serialization schema version of this jax (None if unknown)."""
-    try:
-        from jax._src.export import serialization
-    except ImportError:  # pragma: no cover - future jax
-        return None
-    return getattr(serialization, "_SERIALIZATION_VERSION", None)
+from jmodule.jit._errors import IncompatibleVersionError, JitError, ProgramFileError
+from jmodule.jit._restored import LoadedProgram, restore_tree
+from jmodule.jit._save import serialization_version, write
+from jmodule.jit._script import ScriptModule
 
 
 @dataclass
@@ -69,11 +49,6 @@ class Loaded:
                 )
             return views["code"], ConstMap(self.constants)
         return views[what]
-
-
-def _array_part(value: Any) -> tuple[bytes, dict[str, Any]]:
-    arr = np.asarray(value)
-    return arr.tobytes(order="C"), {"dtype": arr.dtype.name, "shape": list(arr.shape)}
 
 
 def _array(data: memoryview, info: Mapping[str, Any], where: str) -> np.ndarray:
@@ -124,83 +99,7 @@ def save(
             f"jm.jit.save takes a ScriptModule, got {type(m).__name__}; make one with "
             "jm.jit.trace(model, example_inputs) or jm.jit.script(model)."
         )
-    loaded = m.__dict__["_jm_loaded"]
-    with _state.lock(m.module):
-        if loaded is not None:
-            meta = {k: v for k, v in loaded.meta.items() if k not in ("tree", "arrays", "extra")}
-            blob = loaded.blob
-            constants = loaded.constants
-        else:
-            meta, blob, constants = _export(m)
-        module = m.module
-        meta["tree"] = describe_tree(module)
-        flat = FlatForward(module, m._traced_forward)
-        values = dict(zip(flat.names, flat.state_values()))
-    parts: dict[str, bytes] = {"program": bytes(blob)}
-    arrays = []
-    for i, name in enumerate(meta["state"]):
-        if name == _RNG_NAME:
-            continue
-        data, info = _array_part(values[name])
-        parts[f"state/{i}"] = data
-        arrays.append({"name": name, "part": f"state/{i}", **info})
-    meta["arrays"] = arrays
-    constant_infos = []
-    for i, (name, value) in enumerate(constants.items()):
-        if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type):
-            try:
-                data, info = _array_part(value)
-            except (TypeError, ValueError):
-                constant_infos.append({"name": name, "type": type(value).__name__})
-                continue
-            parts[f"constant/{i}"] = data
-            constant_infos.append({"name": name, "part": f"constant/{i}", **info})
-        else:
-            constant_infos.append({"name": name, "type": type(value).__name__})
-    meta["views"] = {**meta["views"], "constants": constant_infos}
-    extra = []
-    for i, (name, content) in enumerate((_extra_files or {}).items()):
-        data = content.encode() if isinstance(content, str) else bytes(content)
-        parts[f"extra/{i}"] = data
-        extra.append({"name": name, "part": f"extra/{i}"})
-    meta["extra"] = extra
-    _format.write(f, _format.encode(meta, parts))
-
-
-def _export(m: ScriptModule) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
-    """Export ``m``'s forward: (metadata, serialized program, code constants)."""
-    from jmodule import __version__
-
-    d = m.__dict__
-    signature = d["_jm_signature"]
-    if signature is None:
-        raise NotTracedError(_NOT_TRACED.format(name=m._label(), what="program to save"))
-    flat = FlatForward(m.module, m._traced_forward)
-    if d["_jm_dynamic_batch"]:
-        exported, constraint = trace_symbolic(lambda s: flat.export(s, PLATFORMS), signature)
-    else:
-        exported, constraint = flat.export(signature, PLATFORMS), ""
-    code, constants = m.code_with_constants
-    meta = {
-        "format_version": _format.FORMAT_VERSION,
-        "jmodule_version": __version__,
-        "jax_version": jax.__version__,
-        "serialization_version": _serialization_version(),
-        "calling_convention_version": exported.calling_convention_version,
-        "platforms": list(exported.platforms),
-        "byteorder": sys.byteorder,
-        "original_name": m.original_name,
-        "state": list(flat.names),
-        "changed": [flat.names[i] for i in flat.changed],
-        "modes": {p: bool(x.training) for p, x in m.module.named_modules()},
-        "arg_names": d["_jm_arg_names"],
-        "inputs": _spec.encode(signature.tree, "the arguments"),
-        "output": _spec.encode(_spec.out_skeleton(flat.out_tree), "the output"),
-        "dynamic_batch": d["_jm_dynamic_batch"],
-        "batch_constraint": constraint,
-        "views": {"graph": m.graph, "inlined_graph": m.inlined_graph, "code": code},
-    }
-    return meta, exported.serialize(), dict(constants.items())
+    write(m, f, _extra_files)
 
 
 def _check_versions(meta: Mapping[str, Any], where: str) -> None:
@@ -221,7 +120,7 @@ def _check_versions(meta: Mapping[str, Any], where: str) -> None:
             f"this one."
         )
     saved = meta.get("serialization_version")
-    current = _serialization_version()
+    current = serialization_version()
     if saved is not None and current is not None and saved > current:
         raise IncompatibleVersionError(
             f"{where} was serialized by jax {saved_jax} in jax.export serialization version "

@@ -27,7 +27,7 @@ import jax
 
 from jmodule._lowering import state
 from jmodule._lowering.compiled import CompiledForward, _forward_arg_names, _is_param
-from jmodule.jit import _code, _errors, _graph
+from jmodule.jit import _code, _errors, _graph, _save
 from jmodule.jit._debug import DebugOptions, WithDumps, WithFallback
 from jmodule.jit._errors import NotTracedError, TracingError
 from jmodule.jit._trace import FlatForward, Signature, Traced, trace_symbolic
@@ -36,12 +36,6 @@ from jmodule.nn.modules.module import Module
 logger = logging.getLogger("jmodule.jit")
 
 _JIT_OPTIONS = frozenset({"compiler_options", "keep_unused", "inline"})
-
-_NOT_TRACED = (
-    "{name} has not been traced yet, so it has no {what}. Call it once, or create it with "
-    "example inputs: jm.jit.trace(model, example_inputs) or "
-    "jm.jit.script(model, example_inputs=(x,))."
-)
 
 _FALLBACK_WARNING = (
     "jm.jit could not compile the forward of {name}; it runs eagerly (uncompiled) from now "
@@ -144,9 +138,9 @@ class ScriptModule(Module):
         fast.program.on_trace.append(self._on_trace)
         call: Any = fast
         if fallback == "eager":
-            call = WithFallback(call, self)
+            call = WithFallback(call, self._fall_back, module._call_impl)
         if debug_options is not None and debug_options.save_dir is not None:
-            call = WithDumps(call, self)
+            call = WithDumps(call, self._dump_pending)
         d["_compiled"] = call
 
     # ------------------------------------------------------------------ sharing
@@ -285,6 +279,8 @@ class ScriptModule(Module):
 
     def _dump_pending(self) -> None:
         d = self.__dict__
+        if not d["_jm_pending"]:
+            return
         options = d["_jm_debug"]
         os.makedirs(options.save_dir, exist_ok=True)
         prefix = options.prefix or self.original_name
@@ -337,7 +333,7 @@ class ScriptModule(Module):
         with state.lock(self.module):
             signature = d["_jm_signature"]
             if signature is None:
-                raise NotTracedError(_NOT_TRACED.format(name=self._label(), what=what))
+                raise NotTracedError(_errors.NOT_TRACED.format(name=self._label(), what=what))
             views = d["_jm_views"]
             if (
                 views is not None
@@ -457,9 +453,7 @@ class ScriptModule(Module):
         self, f: str | os.PathLike | BinaryIO, _extra_files: dict[str, Any] | None = None
     ) -> None:
         """Write the compiled program and its state to one file (see :func:`jm.jit.save`)."""
-        from jmodule.jit._io import save
-
-        save(self, f, _extra_files=_extra_files)
+        _save.write(self, f, _extra_files)
 
 
 def _is_state(value: Any) -> bool:

@@ -19,6 +19,7 @@ import numpy as np
 
 from jmodule._lowering.program import Static
 from jmodule.jit._errors import JitError
+from jmodule.nn.parameter import as_array
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str", complex: "complex"}
 
@@ -109,8 +110,6 @@ def match(spec: dict[str, Any], value: Any, where: str, out: list[Any]) -> None:
     Raises:
         TypeError: the structure differs, or a compile-time constant has another value.
     """
-    from jmodule.nn.parameter import as_array
-
     if "static" in spec:
         saved = _decode_static(spec)
         if type(value) is not type(saved) or value != saved:

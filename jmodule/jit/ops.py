@@ -2,9 +2,11 @@
 
 Rendered code is plain Python: each statement binds one JAX primitive through
 :data:`prim` (``prim.dot_general(x, w, dimension_numbers=...)``), reads and
-writes the module's state with :func:`get` / :func:`set`, and names dtypes as
-``ops.float32``. Running it op by op (eagerly) or under ``jax.jit`` computes
-what the module's forward computes.
+writes the module's state with :func:`get` and ``ops.set`` (:func:`set_state`,
+which this module's ``__getattr__`` serves under that name so that the builtin
+``set`` stays unshadowed here), and names dtypes as ``ops.float32``. Running it
+op by op (eagerly) or under ``jax.jit`` computes what the module's forward
+computes.
 
 >>> import jax.numpy as jnp
 >>> from jmodule.jit import ops
@@ -39,6 +41,7 @@ __all__ = [
     "prng_impl",
     "scalar",
     "set",
+    "set_state",
     "spec",
 ]
 
@@ -136,8 +139,11 @@ def get(state: Any, name: str) -> Any:
     raise AttributeError(f"{type(module).__name__} has no parameter or buffer {attr!r}")
 
 
-def set(state: Any, name: str, value: Any) -> None:
-    """Write ``value`` to the buffer (or parameter) ``name`` of a module or a mapping."""
+def set_state(state: Any, name: str, value: Any) -> None:
+    """Write ``value`` to the buffer (or parameter) ``name`` of a module or a mapping.
+
+    Rendered code calls it as ``ops.set(self, name, value)``.
+    """
     if isinstance(state, MutableMapping) and (name != RNG_KEY or RNG_KEY in state):
         state[name] = value
         return
@@ -191,6 +197,8 @@ def load(path: str) -> Any:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "set":  # what rendered code calls set_state
+        return set_state
     # dtypes by name: ops.float32, ops.bfloat16, ops.int8, ...
     try:
         return _dtype(name)
@@ -200,7 +208,7 @@ def __getattr__(name: str) -> Any:
 
 def is_dtype_name(name: str) -> bool:
     """True when ``ops.<name>`` is the numpy dtype called ``name``."""
-    if not name.isidentifier() or name in globals():
+    if not name.isidentifier() or name in globals() or name == "set":
         return False
     try:
         return _dtype(name).name == name

@@ -37,7 +37,7 @@ from jmodule.serialization._errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
 )
-from jmodule.serialization._placement import Placement
+from jmodule.serialization._map_location import MapLocation
 
 ARRAYS = "arrays"
 FORMAT = "jmodule.checkpoint"
@@ -489,7 +489,7 @@ def _source(final: Path) -> Path:
     return src
 
 
-def _read_arrays(src: Path, entries: list[_Entry], place: Placement) -> dict[str, Any]:
+def _read_arrays(src: Path, entries: list[_Entry], place: MapLocation) -> dict[str, Any]:
     wanted = [e for e in entries if e.stored is not None]
     if not wanted:
         return {}
@@ -621,7 +621,7 @@ def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
 def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True) -> Any:
     """Load the checkpoint at ``path``; see :func:`jmodule.serialization.load`."""
     final = Path(os.path.abspath(os.fspath(path)))
-    place = Placement(map_location)
+    place = MapLocation(map_location)
     src = _source(final)
     body = _metafile.read(src)
     entries = _entries(body, src)

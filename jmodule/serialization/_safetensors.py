@@ -25,7 +25,7 @@ from jmodule.serialization._errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
 )
-from jmodule.serialization._placement import Placement
+from jmodule.serialization._map_location import MapLocation
 
 ORDER = "jmodule.order"
 CRC = "jmodule.checksums"
@@ -216,7 +216,7 @@ def read_host(path: os.PathLike | str, verify: bool = True) -> dict[str, np.ndar
 
 def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True) -> dict:
     """Load a safetensors file as ``{name: jax.Array}`` (see ``jm.load``)."""
-    place = Placement(map_location)
+    place = MapLocation(map_location)
     host = read_host(path, verify)
     place.check_keys(host, path)
     return {k: place.put(a, k) for k, a in host.items()}
@@ -275,6 +275,6 @@ def read_index(
                 f"shard '{file}' does not match '{path}': missing {missing}, unexpected {extra}"
             )
         tensors.update(loaded)
-    place = Placement(map_location)
+    place = MapLocation(map_location)
     place.check_keys(weight_map, path)
     return collections.OrderedDict((k, place.put(tensors[k], k)) for k in weight_map)

@@ -36,7 +36,7 @@ from jmodule.serialization._errors import (
     CorruptCheckpointError,
     UnsafePickleError,
 )
-from jmodule.serialization._placement import Placement
+from jmodule.serialization._map_location import MapLocation
 
 _MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
@@ -283,7 +283,7 @@ def read_host(path: os.PathLike | str) -> Any:
 
 def read(path: os.PathLike | str, map_location: Any = None) -> Any:
     """Load a PyTorch file with tensors as ``jax.Array`` (see ``jm.load``)."""
-    place = Placement(map_location)
+    place = MapLocation(map_location)
     obj = read_host(path)
     if place.per_key:
         place.check_keys(_array_keys(obj, ""), path)

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule.nn.parameter import as_array
+
 
 def ntuple(value: Any, n: int) -> tuple:
     """``value`` repeated ``n`` times unless it is already a sequence (PyTorch's ``_ntuple``)."""
@@ -98,8 +100,6 @@ def jit(*static: str) -> Callable[[Callable], Callable]:
 
 
 def _as_array(value: Any) -> Any:
-    from jmodule.nn.parameter import as_array
-
     if isinstance(value, (bool, int, float, complex)):
         return value
     return as_array(value)

@@ -1,114 +1,47 @@
 """Moving and casting modules: ``to``, ``cuda``, ``half``, ``type``, ``to_empty``.
 
 Every parameter keeps its identity (optimizers holding it stay valid): only
-its value is replaced. Placement is ``jax.device_put`` onto a ``jax.Device``
-or ``jax.sharding.Sharding`` (onto a mesh spanning several processes, each
-process places its own shards: ``jmodule.distributed._rules.put``); casts are
-``astype``.
+its value is replaced. What the arguments mean, and putting one array where
+they say, is ``jmodule/_placement.py``'s (``jm.load``'s ``map_location``
+reads the same words); checks of a sharding against every array, and
+``to_empty(device=(mesh, rules))``, are ``jmodule/_sharding.py``'s.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jmodule import device as _device
+from jmodule import _device, _placement, _sharding
 from jmodule._lowering import state
 from jmodule.nn.parameter import Parameter
 
 T = TypeVar("T")
 
 
-def _floating_or_complex(dtype: Any) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
-
-
-def _is_dtype(x: Any) -> bool:
-    if isinstance(x, (str, bool, int, _device.device, jax.Device, jax.sharding.Sharding)):
-        return False
-    if isinstance(x, (jax.Array, np.ndarray, Parameter)):
-        return False
-    try:
-        jnp.dtype(x)
-    except TypeError:
-        return False
-    return True
-
-
-def _parse_to(args: tuple, kwargs: dict) -> tuple[Any, Any, bool]:
-    """PyTorch's ``to`` overloads -> (placement or None, dtype or None, non_blocking)."""
-    place = kwargs.pop("device", None)
+def _parse_to(args: tuple, kwargs: dict) -> tuple[_placement.Target, bool]:
+    """PyTorch's ``to`` overloads -> (where and in which dtype, non_blocking)."""
+    device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
     non_blocking = kwargs.pop("non_blocking", False)
     memory_format = kwargs.pop("memory_format", None)
-    copy = kwargs.pop("copy", False)
-    del copy
+    kwargs.pop("copy", False)
     if kwargs:
         raise TypeError(f"to() got unexpected keyword argument(s) {sorted(kwargs)}")
     _device.check_memory_format(memory_format)
-    if type(dtype).__module__ == "torch":
-        dtype = str(dtype).replace("torch.", "")
     positional = list(args)
     if positional and isinstance(positional[-1], bool):
         non_blocking = positional.pop()
-    for arg in positional:
-        if arg is None or _device.is_memory_format(arg):
-            continue
-        from_torch = type(arg).__module__.startswith("torch")
-        if from_torch and type(arg).__name__ == "dtype":
-            dtype = str(arg).replace("torch.", "")
-        elif from_torch and type(arg).__name__ == "device":
-            place = str(arg)
-        elif isinstance(arg, (jax.Array, Parameter)) or (from_torch and hasattr(arg, "dtype")):
-            value = arg.data if isinstance(arg, Parameter) else arg
-            dtype = str(value.dtype).replace("torch.", "")
-            place = value.sharding if isinstance(value, jax.Array) else str(value.device)
-        elif _is_dtype(arg):
-            dtype = arg
-        else:
-            place = arg
-    if place is not None:
-        place = _device.resolve(place)
-    if dtype is not None:
-        dtype = _device.canonical_dtype(dtype)
-        if not _floating_or_complex(dtype):
-            raise TypeError(
-                f"nn.Module.to only accepts floating point or complex dtypes, but got desired "
-                f"dtype={dtype}"
-            )
-    return place, dtype, bool(non_blocking)
-
-
-def _move(value: Any, place: Any) -> Any:
-    if isinstance(place, _device.device):  # meta
-        return jax.ShapeDtypeStruct(value.shape, value.dtype)
-    if isinstance(value, jax.ShapeDtypeStruct):
-        raise RuntimeError(
-            "Cannot copy out of meta tensor; no data! Please use Module.to_empty() to "
-            "allocate the module's parameters on a device, then initialise them (for example "
-            "with reset_parameters() or load_state_dict)."
-        )
-    if isinstance(place, jax.sharding.Sharding) and not place.is_fully_addressable:
-        from jmodule.distributed import _rules  # a mesh spanning processes
-
-        return _rules.put(value, place)
-    return jax.device_put(value, place)
-
-
-def _cast(value: Any, dtype: Any) -> Any:
-    if isinstance(value, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(value.shape, dtype, sharding=value.sharding)
-    if jnp.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
-        warnings.warn(
-            "Casting complex values to real discards the imaginary part", UserWarning, stacklevel=4
-        )
-        value = jnp.real(value)
-    return value.astype(dtype)
+    specs = [
+        arg.data if isinstance(arg, Parameter) else arg
+        for arg in positional
+        if not _device.is_memory_format(arg)
+    ]
+    target = _placement.parse(specs, device=device, dtype=dtype, what="to")
+    return target, bool(non_blocking)
 
 
 class CastingMixin:
@@ -152,17 +85,13 @@ class CastingMixin:
         >>> m.weight.dtype
         dtype(bfloat16)
         """
-        place, dtype, _ = _parse_to(args, dict(kwargs))
-        if isinstance(place, jax.sharding.NamedSharding):
-            from jmodule.distributed import _rules  # imports nn: resolve at call time
-
-            _rules.check_fits(self, place)  # every array it cannot hold, before any moves
+        (place, dtype), _ = _parse_to(args, dict(kwargs))
+        _sharding.check_fits(self, place)  # every array it cannot hold, before any moves
 
         def convert(value: Any) -> Any:
-            if dtype is not None and _floating_or_complex(value.dtype):
-                value = _cast(value, dtype)
+            value = _placement.cast_floating(value, dtype)
             if place is not None:
-                value = _move(value, place)
+                value = _placement.move(value, place)
             return value
 
         return self._apply(convert)
@@ -195,7 +124,7 @@ class CastingMixin:
     def _cast_floating(self: T, dtype: Any) -> T:
         dtype = _device.canonical_dtype(dtype)
         return self._apply(
-            lambda v: _cast(v, dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+            lambda v: _placement.cast(v, dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
         )
 
     def half(self: T) -> T:
@@ -221,7 +150,7 @@ class CastingMixin:
     def type(self: T, dst_type: Any) -> T:
         """Cast every parameter and buffer, integer ones included, to ``dst_type``."""
         dtype = _device.canonical_dtype(dst_type)
-        return self._apply(lambda v: _cast(v, dtype))
+        return self._apply(lambda v: _placement.cast(v, dtype))
 
     def to_empty(self: T, *, device: Any, recurse: bool = True) -> T:
         """Allocate every parameter and buffer on ``device`` without initialising them.
@@ -249,14 +178,9 @@ class CastingMixin:
             and len(device) == 2
             and isinstance(device[0], jax.sharding.Mesh)
         ):
-            from jmodule.distributed import _rules  # imports nn: resolve at call time
-
-            return _rules.allocate(self, device[0], device[1], recurse)
+            return _sharding.allocate(self, device[0], device[1], recurse)
         place = _device.resolve(device)
-        if isinstance(place, jax.sharding.NamedSharding):
-            from jmodule.distributed import _rules
-
-            _rules.check_fits(self, place, recurse)
-        if isinstance(place, _device.device):
+        _sharding.check_fits(self, place, recurse)
+        if _placement.is_meta(place):
             return self._apply(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), recurse)
         return self._apply(lambda v: jnp.zeros(v.shape, v.dtype, device=place), recurse)

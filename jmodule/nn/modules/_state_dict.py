@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from jmodule._device import is_meta
 from jmodule._lowering import state
 from jmodule.nn.modules._hooks import RemovableHandle
 from jmodule.nn.parameter import Parameter, as_array
@@ -249,8 +250,6 @@ class StateDictMixin:
                         unexpected_keys.append(key)
 
     def _load_one(self, name: str, current: Any, value: Any, assign: bool, key: str) -> None:
-        from jmodule.device import is_meta
-
         is_param = name in self._parameters
         if assign:
             arr = as_array(value)

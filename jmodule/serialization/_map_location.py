@@ -1,59 +1,25 @@
 """``map_location``: where and in which dtype loaded arrays land.
 
-Accepts what ``Module.to`` accepts: a device (``"cpu"``, ``"cuda:1"``, an
-int, ``jm.device``, ``jax.Device``), a ``jax.sharding.Sharding``, a dtype
-(floating and complex arrays are cast, integer ones only move), a
-``(device, dtype)`` pair, an array (its sharding and dtype), ``"meta"``
-(shapes and dtypes only, nothing read), or a callable ``fn(array, key)``
-applied to each loaded array. A dict gives some keys a placement of their own
-(``{"fc.weight": sharding}``); the other keys go where the rest of
-``map_location`` says.
+Accepts what ``Module.to`` accepts, read by ``jmodule/_placement.py``: a
+device (``"cpu"``, ``"cuda:1"``, an int, ``jm.device``, ``jax.Device``), a
+``jax.sharding.Sharding``, a dtype (floating and complex arrays are cast,
+integer ones only move), a ``(device, dtype)`` pair, an array (its sharding
+and dtype), ``"meta"`` (shapes and dtypes only, nothing read). Loading adds
+two forms: a callable ``fn(array, key)`` applied to each loaded array, and a
+dict giving some keys a placement of their own (``{"fc.weight": sharding}``);
+the other keys go where the rest of ``map_location`` says.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-# ``jmodule.device`` the module (the package re-exports the class under the same name).
-_device = importlib.import_module("jmodule.device")
-
-_META = "meta"
-
-
-def _floating_or_complex(dtype: Any) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
-
-
-def _is_dtype(x: Any) -> bool:
-    if isinstance(x, (str, bool, int, _device.device, jax.Device, jax.sharding.Sharding)):
-        return False
-    if isinstance(x, (jax.Array, np.ndarray)):
-        return False
-    try:
-        jnp.dtype(x)
-    except TypeError:
-        return False
-    return True
-
-
-def _default_place() -> Any:
-    current = _device.default_device()
-    if isinstance(current, jax.Device):  # with jm.device("cuda:1"): ...
-        return current
-    configured = jax.config.jax_default_device
-    if isinstance(configured, jax.Device):
-        return configured
-    if configured is not None:
-        return _device.resolve(configured)
-    return jax.local_devices()[0]  # this process's own, in a job of several
-
+from jmodule import _placement
 
 _PER_KEY = (
     "a map_location dict maps checkpoint keys to where those arrays go, e.g. "
@@ -65,11 +31,11 @@ def _looks_like_device(name: str) -> bool:
     return name.split(":")[0] in ("cpu", "cuda", "gpu", "tpu", "mps", "xpu", "meta")
 
 
-class Placement:
+class MapLocation:
     """A parsed ``map_location``.
 
     Attributes:
-        where: a ``jax.Device``, a ``jax.sharding.Sharding`` or ``"meta"``.
+        where: a ``jax.Device``, a ``jax.sharding.Sharding`` or ``jm.device("meta")``.
         dtype: the dtype floating/complex arrays are cast to, or ``None``.
         fn: the callable applied to each array, or ``None``.
         per_key: placements of their own for some keys (from a dict).
@@ -79,19 +45,19 @@ class Placement:
         self.where: Any = None
         self.dtype: Any = None
         self.fn: Callable[[Any, str], Any] | None = None
-        self.per_key: dict[str, Placement] = {}
+        self.per_key: dict[str, MapLocation] = {}
         specs = map_location if isinstance(map_location, tuple) else (map_location,)
         for spec in specs:
             self._take(spec)
         if self.where is None and default:
-            self.where = _default_place()
+            self.where = _placement.default_place()
 
     def _take_dict(self, spec: dict) -> None:
         for key, value in spec.items():
             if not isinstance(key, str):
                 raise TypeError(f"{_PER_KEY}; got the key {key!r}, which is not a str")
-            own = Placement(value, default=False)
-            if own.per_key or own.fn is not None or own.where == _META:
+            own = MapLocation(value, default=False)
+            if own.per_key or own.fn is not None or own.meta:
                 raise TypeError(
                     f"{_PER_KEY}: a device, sharding, dtype or (device, dtype) pair; the value "
                     f"for '{key}' ({value!r}) is a dict, a callable or 'meta'."
@@ -125,38 +91,27 @@ class Placement:
             f"{sorted(present)[:3]}.{remap}"
         )
 
-    def _own(self, key: str | None) -> Placement | None:
+    def _own(self, key: str | None) -> MapLocation | None:
         return self.per_key.get(key) if key is not None else None
 
     def _take(self, spec: Any) -> None:
-        if spec is None:
-            return
-        if type(spec).__module__ == "torch" and type(spec).__name__ in ("device", "dtype"):
-            spec = str(spec).removeprefix("torch.")  # torch.device("cpu"), torch.float16
-            if not spec.startswith(("cpu", "cuda", "meta", "mps", "xpu")):
-                spec = jnp.dtype(spec)
         if isinstance(spec, dict):
             self._take_dict(spec)
-        elif isinstance(spec, jax.Array):
-            self.where, self.dtype = spec.sharding, spec.dtype
-        elif _is_dtype(spec):
-            dtype = _device.canonical_dtype(spec, what="map_location")
-            if not _floating_or_complex(dtype):
-                raise TypeError(
-                    f"map_location dtype must be a floating point or complex dtype (as for "
-                    f"Module.to), got {dtype}; integer arrays keep their dtype."
-                )
-            self.dtype = dtype
-        elif callable(spec) and not isinstance(spec, (jax.Device, jax.sharding.Sharding)):
+        elif (
+            callable(spec)
+            and not _placement.is_dtype(spec)
+            and not isinstance(spec, (jax.Device, jax.sharding.Sharding))
+        ):
             self.fn = spec
         else:
-            place = _device.resolve(spec)
-            self.where = _META if isinstance(place, _device.device) else place
+            place, dtype = _placement.parse([spec], what="map_location")
+            self.where = place if place is not None else self.where
+            self.dtype = dtype if dtype is not None else self.dtype
 
     @property
     def meta(self) -> bool:
         """Whether arrays come back as ``jax.ShapeDtypeStruct`` without being read."""
-        return self.where == _META
+        return _placement.is_meta(self.where)
 
     def sharding(self, shape: tuple[int, ...], key: str) -> jax.sharding.Sharding:
         """The sharding an array of ``shape`` at ``key`` is restored onto.
@@ -180,11 +135,7 @@ class Placement:
         """``x`` in the requested dtype (for ``key``) if it is floating or complex."""
         own = self._own(key)
         dtype = own.dtype if own is not None and own.dtype is not None else self.dtype
-        if dtype is None or not _floating_or_complex(x.dtype) or x.dtype == dtype:
-            return x
-        if isinstance(x, jax.ShapeDtypeStruct):
-            return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
-        return x.astype(dtype)
+        return _placement.cast_floating(x, dtype)
 
     def finish(self, x: Any, key: str) -> Any:
         """Cast, then apply the callable."""
@@ -196,7 +147,7 @@ class Placement:
         host = narrow(host)
         if self.meta:
             return self.finish(jax.ShapeDtypeStruct(host.shape, host.dtype), key)
-        return self.finish(jax.device_put(host, self.sharding(host.shape, key)), key)
+        return self.finish(_placement.put(host, self.sharding(host.shape, key)), key)
 
 
 def narrow(host: np.ndarray) -> np.ndarray:

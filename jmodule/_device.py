@@ -4,11 +4,14 @@
 ``jax.Device``; used as a context manager it sets the default device for
 parameters created inside it. ``jm.device("meta")`` builds abstract
 parameters (shape and dtype only, no memory).
+
+This module is private: users reach its names from the package (``jm.device``,
+``jm.float32``, ``jm.DeviceError``, ...), and ``jm.device`` is the class, as
+``torch.device`` is.
 """
 
 from __future__ import annotations
 
-import builtins
 import threading
 from typing import Any
 
@@ -16,11 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._lowering import state
+
 __all__ = [
     "DeviceError",
     "DtypeError",
     "bfloat16",
-    "bool",
+    "bool_",
     "canonical_dtype",
     "channels_last",
     "channels_last_3d",
@@ -57,7 +62,7 @@ int16 = jnp.int16
 int32 = jnp.int32
 int64 = long = jnp.int64
 uint8 = jnp.uint8
-bool = jnp.bool_
+bool_ = jnp.bool_  # ``jm.bool``; named as numpy does so that this module keeps the builtin
 complex64 = jnp.complex64
 complex128 = jnp.complex128
 
@@ -83,7 +88,7 @@ _PLATFORMS = {
 }
 
 
-def _x64_enabled() -> builtins.bool:
+def _x64_enabled() -> bool:
     return jax.config.read("jax_enable_x64")
 
 
@@ -149,7 +154,7 @@ class device:
     def __str__(self) -> str:
         return self.type if self.index is None else f"{self.type}:{self.index}"
 
-    def __eq__(self, other: object) -> builtins.bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
             other = device(other)
         if not isinstance(other, device):
@@ -224,9 +229,9 @@ def default_device() -> jax.Device | device | None:
     return stack[-1] if stack else None
 
 
-def is_meta(x: Any) -> builtins.bool:
+def is_meta(x: Any) -> bool:
     """True when ``x`` (an array, Parameter or ShapeDtypeStruct) has no data."""
-    x = getattr(x, "_value", x)
+    x = state.peek(x) if state.is_cell(x) else x
     return isinstance(x, jax.ShapeDtypeStruct)
 
 
@@ -244,7 +249,7 @@ def resolve(spec: Any) -> jax.Device | jax.sharding.Sharding | device:
         return spec
     if type(spec).__module__ == "torch":  # a torch.device
         spec = str(spec)
-    if isinstance(spec, int) and not isinstance(spec, builtins.bool):
+    if isinstance(spec, int) and not isinstance(spec, bool):
         spec = device("cuda", spec)
     d = spec if isinstance(spec, device) else device(spec)
     if d.type == "meta":
@@ -259,7 +264,7 @@ _X64_HELP = (
 )
 
 
-def canonical_dtype(dtype: Any, *, what: str = "the module", strict: builtins.bool = True):
+def canonical_dtype(dtype: Any, *, what: str = "the module", strict: bool = True):
     """``jnp.dtype`` of ``dtype``, refusing 64-bit types when x64 mode is off.
 
     Args:
@@ -295,7 +300,7 @@ channels_last_3d = memory_format("channels_last_3d")
 _FORMAT_NAMES = {"preserve_format", "contiguous_format", "channels_last", "channels_last_3d"}
 
 
-def is_memory_format(x: Any) -> builtins.bool:
+def is_memory_format(x: Any) -> bool:
     """True for a jm (or torch) memory format object."""
     if isinstance(x, memory_format):
         return True
