@@ -465,3 +465,46 @@ def test_step_closure_computing_before_its_backward_gets_a_clear_error():
     with pytest.raises(RuntimeError, match=r"before it called jm\.backward"):
         opt.step(closure)
     assert all(not isinstance(p.grad, jax.core.Tracer) for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------- packed gradients
+
+
+def test_a_compiled_step_writes_small_gradients_packed_and_reads_give_them_back():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    eager = copy.deepcopy(model)
+    opt, eager_opt = optim.SGD(model.parameters(), lr=0.1), optim.SGD(eager.parameters(), lr=0.1)
+    step = _jm_step()
+    (x, y), (x2, y2) = _batches()[:2]
+    step(model, opt, jnp.asarray(x), jnp.asarray(y))
+    eager_opt.zero_grad()
+    jm.backward(lambda: F.mse_loss(eager(jnp.asarray(x)), jnp.asarray(y)))
+    eager_opt.step()
+    # one output array for all four gradients, sliced out when read
+    held = [p.__dict__["grad"] for p in model.parameters()]
+    assert all(type(g) is state.PackedGrad for g in held)
+    assert len({id(g.flat) for g in held}) == 1
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert p.grad is p.grad  # read once, kept
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(q.grad), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(p.data), np.asarray(q.data), rtol=1e-6)
+
+    # a compiled function that reads the packed gradients (accumulation) gets their values
+    @jm.compile
+    def accumulate(model, x, y):
+        return jm.backward(lambda: F.mse_loss(model(x), y))
+
+    step(model, opt, jnp.asarray(x2), jnp.asarray(y2))
+    held = [p.__dict__["grad"] for p in model.parameters()]
+    assert all(type(g) is state.PackedGrad for g in held)
+    left = [np.asarray(g.materialize()) for g in held]  # the values, leaving them packed
+    accumulate(model, jnp.asarray(x), jnp.asarray(y))
+
+    def loss(ps):
+        return F.mse_loss(jm.func.functional_call(model, ps, (jnp.asarray(x),)), jnp.asarray(y))
+
+    new = jax.grad(loss)({n: p.data for n, p in model.named_parameters()})
+    for (n, p), g in zip(model.named_parameters(), left):
+        np.testing.assert_allclose(np.asarray(p.grad), g + np.asarray(new[n]), rtol=1e-5, atol=1e-7)
+    model.zero_grad(set_to_none=False)
+    assert all(np.all(np.asarray(p.grad) == 0) for p in model.parameters())

@@ -32,6 +32,8 @@ from jmodule._lowering import state, structure
 from jmodule._lowering.program import Plan, Program, wrap_leaf
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 
+_HOOKS = _hooks._VERSION  # the global hooks' version (``.value``), read once per call
+
 __all__ = [
     "CompileStats",
     "CompiledForward",
@@ -45,18 +47,34 @@ def _is_param(x: Any) -> bool:
     return state.is_cell(x)
 
 
-def _locked(plan: Plan, run: Callable[[], Any]) -> Any:
-    """``run()`` holding the plan's locks (and the generator's, if the program draws)."""
-    locks = plan.locks
-    if plan.draws is not False:
-        locks = (*locks, state.lock(plan.generator))
-    for held in locks:
-        held.acquire()
-    try:
-        return run()
-    finally:
-        for held in reversed(locks):
+class _Held:
+    """Several locks held together, taken in a fixed order (a context manager)."""
+
+    __slots__ = ("locks",)
+
+    def __init__(self, locks: tuple[Any, ...]):
+        self.locks = locks
+
+    def __enter__(self) -> None:
+        for held in self.locks:
+            held.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        for held in reversed(self.locks):
             held.release()
+
+
+def _guard(plan: Plan) -> Any:
+    """What a call of ``plan`` holds: its objects' locks, and the generator's if it draws."""
+    locks = plan.locks if plan.draws is False else (*plan.locks, state.lock(plan.generator))
+    return locks[0] if len(locks) == 1 else _Held(locks)
+
+
+def _learned(program: Program, plan: Plan) -> None:
+    """After a call: whether the program draws random numbers (and so which locks it needs)."""
+    if plan.draws is None:
+        plan.draws = _draws(program, plan)
+        plan.guard = _guard(plan)
 
 
 def _forward_arg_names(module: Any) -> list[str] | None:
@@ -98,7 +116,7 @@ def _plan_for(
     cells.append(None)
     _program.check_not_meta(slots, names)
     infos = descs[0].infos if len(descs) == 1 else _merge_infos(descs)
-    return Plan(
+    plan = Plan(
         key=key,
         infos=infos,
         objects=tuple(objects),
@@ -110,6 +128,25 @@ def _plan_for(
         generator=generator,
         positions=positions,
     )
+    plan.guard = _guard(plan)
+    plan.pack_grads = with_grads and _one_device(slots)
+    return plan
+
+
+def _one_device(slots: Sequence[Any]) -> bool:
+    """Whether every array in ``slots`` is a concrete array on one and the same device."""
+    devices = set()
+    for c, k in slots:
+        v = c[k]
+        if v is None or type(v) is state.PackedGrad:
+            continue
+        if type(v) is not _ArrayImpl:
+            return False
+        here = v.devices()
+        if len(here) != 1:
+            return False
+        devices |= here
+    return len(devices) <= 1
 
 
 def _merge_infos(descs: Sequence[structure.Description]) -> dict:
@@ -123,11 +160,10 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
         return _program.call_recorded(program, plan, args, kwargs)
     run = _program.call_donating if donate else _program.call
     if local.bound:  # inside another program's trace, which holds the locks
+        return run(program, plan, args, kwargs)
+    with plan.guard:
         out = run(program, plan, args, kwargs)
-    else:
-        out = _locked(plan, lambda: run(program, plan, args, kwargs))
-    if plan.draws is None and program.num_traces:
-        plan.draws = _draws(program, plan)
+        _learned(program, plan)
     return out
 
 
@@ -157,6 +193,7 @@ class CompiledForward:
         desc = structure.describe(self.module)
         key = (desc.key, _hooks.global_hook_key())
         plan = _plan_for(key, (self.module,), (desc,), with_grads=False)
+        self.program.jitted(plan)
         self._plan = plan
         self._version = desc.version
         self._hooks = _hooks.version()
@@ -167,37 +204,31 @@ class CompiledForward:
         if (
             plan is None
             or self._version != self.module.__dict__.get("_jm_version", 0)
-            or self._hooks != _hooks.version()
+            or self._hooks != _HOOKS.value
         ):
             plan = self._refresh()
-        if kwargs or not all(type(a) is _ArrayImpl for a in args):
+        if not kwargs:
+            for a in args:
+                if type(a) is not _ArrayImpl:
+                    break
+            else:
+                kwargs = None  # arrays only: no kwargs node
+        if kwargs is not None:
             args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
-        else:
-            kwargs = None  # arrays only: no kwargs node
         local = state.local
-        if local.recorder is not None:
-            return _program.call_recorded(self.program, plan, args, kwargs)
-        if local.bound:
-            return _program.call(self.program, plan, args, kwargs)
-        locks = plan.locks if plan.draws is False else (*plan.locks, state.lock(plan.generator))
-        for held in locks:
-            held.acquire()
-        try:
-            program = self.program
-            jitted = program.jitted(plan)
+        if local.recorder is not None or local.bound:
+            return _run_plan(self.program, plan, False, args, kwargs)
+        with plan.guard:
             slots = plan.slots
             vals = [c[k] for c, k in slots]
             local.call = plan
+            jitted = plan.jitted
             out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-            indices = changed.indices
-            for i, v in zip(indices, changed.values):
+            for i, v in zip(changed.indices, changed.values):
                 c, k = slots[i]
                 c[k] = v
             if plan.draws is None:
-                plan.draws = _draws(program, plan)
-        finally:
-            for held in reversed(locks):
-                held.release()
+                _learned(self.program, plan)
         return out
 
 
@@ -264,9 +295,9 @@ class CompiledFunction:
     def _match(self, args: tuple) -> tuple[Plan, tuple] | None:
         """The last plan and this call's arrays, if the call has the last one's objects."""
         last = self._last
-        if last is None or len(args) != len(last.pattern) or last.hooks != _hooks.version():
+        if last is None or len(args) != len(last.pattern) or last.hooks != _HOOKS.value:
             return None
-        arrays: list[Any] = []
+        arrays = []
         for a, p in zip(args, last.pattern):
             if p is None:
                 if type(a) is not _ArrayImpl:
@@ -347,6 +378,18 @@ class CompiledFunction:
         return _Match(plan, pattern, tuple(versions), tuple(others), _hooks.version())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        last = self._last
+        if not kwargs and last is not None and last.plan.fast is not None:
+            # The per-call path: the last call's objects in the same places, arrays
+            # elsewhere, nothing changed structurally, a settled donating program.
+            local = state.local
+            matched = self._match(args) if local.recorder is None and not local.bound else None
+            if matched is not None:
+                plan, arrays = matched
+                with plan.guard:
+                    out = _program.call_fast(self.program, plan, plan.fast, arrays)
+                    if out is not _program.SLOW:
+                        return out
         plan, a, k = self._prepare(args, kwargs)
         return _run_plan(self.program, plan, self.donate, a, k)
 
@@ -358,7 +401,8 @@ class CompiledFunction:
         describe exactly what runs.
         """
         plan, a, k = self._prepare(args, kwargs)
-        return _locked(plan, lambda: _program.lower(self.program, plan, self.donate, a, k))
+        with plan.guard:
+            return _program.lower(self.program, plan, self.donate, a, k)
 
     @property
     def num_traces(self) -> int:

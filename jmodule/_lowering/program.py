@@ -144,18 +144,67 @@ def _diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None
 
 
 class Changed:
-    """The slot values a trace changed: indices are static, values are outputs."""
+    """The slot values a trace changed: indices and packs are static, values are outputs.
 
-    __slots__ = ("indices", "values")
+    ``values[i]`` is the new value of slot ``indices[i]``; after those come
+    one flat array per pack: ``packs[j]`` lists ``(slot, start, size, shape)``
+    of the gradients written as slices of the ``j``-th (see ``_pack_grads``).
+    """
 
-    def __init__(self, indices: tuple[int, ...], values: tuple[Any, ...]):
+    __slots__ = ("indices", "packs", "values")
+
+    def __init__(self, indices: tuple[int, ...], values: tuple[Any, ...], packs: tuple = ()):
         self.indices = indices
         self.values = values
+        self.packs = packs
 
 
 jax.tree_util.register_pytree_node(
-    Changed, lambda c: (c.values, c.indices), lambda idx, vals: Changed(idx, tuple(vals))
+    Changed,
+    lambda c: (c.values, (c.indices, c.packs)),
+    lambda aux, vals: Changed(aux[0], tuple(vals), aux[1]),
 )
+
+#: Gradients of at most this many elements are written packed (as the optimizer's
+#: small parameters are): one output array instead of one per parameter.
+PACK_GRAD_MAX_ELEMENTS = 1 << 16
+
+
+def _pack_grads(
+    slots: Sequence[Slot], idx: tuple[int, ...], values: tuple[Any, ...], unread: set[int]
+) -> Changed:
+    """``Changed`` with the small gradients it writes unread packed, one flat array per dtype.
+
+    A training step writes every parameter's ``.grad``; as separate outputs,
+    each costs the call an output array and, on the next call, freeing the
+    old one. Packed, the step writes one array per dtype, and each ``.grad``
+    is a :class:`~state.PackedGrad` slice of it until read.
+    """
+    groups: dict[Any, list[tuple[int, Any]]] = {}
+    for i, v in zip(idx, values):
+        if (
+            slots[i][1] == "grad"
+            and i in unread
+            and v is not None
+            and v.size <= PACK_GRAD_MAX_ELEMENTS
+        ):
+            groups.setdefault(v.dtype, []).append((i, v))
+    groups = {d: m for d, m in groups.items() if len(m) > 1}
+    if not groups:
+        return Changed(idx, values)
+    packed = {i for members in groups.values() for i, _ in members}
+    kept = [(i, v) for i, v in zip(idx, values) if i not in packed]
+    flats, packs = [], []
+    for members in groups.values():
+        meta, start = [], 0
+        for i, v in members:
+            meta.append((i, start, int(v.size), tuple(v.shape)))
+            start += int(v.size)
+        flats.append(jax.numpy.concatenate([v.reshape(-1) for _, v in members]))
+        packs.append(tuple(meta))
+    return Changed(
+        tuple(i for i, _ in kept), tuple(v for _, v in kept) + tuple(flats), tuple(packs)
+    )
 
 
 class Donation(NamedTuple):
@@ -174,6 +223,8 @@ class FastPath(NamedTuple):
     kept: tuple[Slot, ...]
     #: Slots the program reads as None: a value there needs another program.
     nones: tuple[Slot, ...]
+    #: The ``.grad`` slots among ``donated`` and ``kept`` (a packed one must be sliced).
+    grads: tuple[Slot, ...]
 
 
 @dataclass(eq=False)
@@ -200,6 +251,13 @@ class Plan:
     #: it (None: not known yet). Its lock is taken only by programs that draw.
     generator: Any = None
     draws: bool | None = None
+    #: Write gradients packed (``_pack_grads``): every state array is on one device.
+    pack_grads: bool = False
+    #: Ids of the arrays the last donating call wrote to its donated slots: when the
+    #: slots still hold them, they are distinct fresh arrays and need no check.
+    fresh: tuple[int, ...] | None = None
+    #: The lock (or ``_Held`` locks) a call holds, from ``locks`` and ``draws``.
+    guard: Any = None
     #: ``jm.compile``'s per-call form: where each object stood among the arguments
     #: (-1: an array argument), or None when the whole argument tree is passed.
     positions: tuple[int, ...] | None = None
@@ -360,7 +418,9 @@ class Program:
         placed = set(first)
         rest = [i for i in changed.indices if i not in placed]
         indices = tuple(first + rest)
-        return Changed(indices, tuple(changed.values[order[i]] for i in indices)), out
+        flats = changed.values[len(changed.indices) :]  # packed gradients last
+        values = tuple(changed.values[order[i]] for i in indices) + flats
+        return Changed(indices, values, changed.packs), out
 
     def _note_trace(
         self, plan: Plan, key: Any, vals: Sequence[Any], args: Any, kwargs: Any
@@ -403,7 +463,7 @@ class Program:
             with binding.bound(slots, vals, plan.named_modules):
                 out = self.fn(plan.objects, args, kwargs)
                 idx = tuple(i for i, (c, k) in enumerate(slots) if c[k] is not vals[i])
-                changed = Changed(idx, tuple(slots[i][0][slots[i][1]] for i in idx))
+                new = tuple(slots[i][0][slots[i][1]] for i in idx)
         finally:
             local.watch = outer
         self.writes[key] = self.writes.get(key, frozenset()) | frozenset(idx)
@@ -416,7 +476,9 @@ class Program:
         if guessed - unread:  # it read a gradient it was given as None on a guess
             raise _Reread()
         self.unread_slots = frozenset((id(slots[i][0]), "grad") for i in unread)
-        return out, changed
+        if plan.pack_grads:
+            return out, _pack_grads(slots, idx, new, unread)
+        return out, Changed(idx, new)
 
 
 # ----------------------------------------------------------------------------- per call
@@ -437,13 +499,24 @@ def read_state(program: Program, plan: Plan) -> list[Any]:
     vals = [c[k] for c, k in plan.slots]
     for i in program.unread(plan):
         vals[i] = None
+    for i, v in enumerate(vals):
+        if type(v) is state.PackedGrad:  # a gradient the program reads: slice it out
+            vals[i] = state.grad_value(plan.slots[i][0])
     return vals
 
 
 def write_back(slots: Sequence[Slot], changed: Changed) -> None:
-    for i, v in zip(changed.indices, changed.values):
+    indices, values = changed.indices, changed.values
+    for i, v in zip(indices, values):
         c, k = slots[i]
         c[k] = v
+    if changed.packs:
+        n = len(indices)
+        for j, members in enumerate(changed.packs):
+            flat = values[n + j]
+            for i, start, size, shape in members:
+                c, k = slots[i]
+                c[k] = state.PackedGrad(flat, start, size, shape)
 
 
 def call(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
@@ -472,12 +545,10 @@ def call_recorded(program: Program, plan: Plan, args: tuple, kwargs: dict | None
     jitted = program.jitted(plan)
     slots = plan.slots
     for _ in range(2):
-        vals = [
-            c[k] if cell is None else recorder.read(cell, c[k])
-            for (c, k), cell in zip(slots, plan.cells)
-        ]
-        for i in program.unread(plan):
-            vals[i] = None
+        vals = read_state(program, plan)
+        for i, cell in enumerate(plan.cells):
+            if cell is not None:
+                vals[i] = recorder.read(cell, vals[i])
         state.local.call = plan
         try:
             out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
@@ -530,16 +601,23 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
 
     Falls back (returns ``SLOW``) when a donated slot holds None or an array
     that another slot also holds, when a slot left out as None now holds a
-    value, or when a new trace would donate otherwise.
+    value, or when a new trace would donate otherwise. When the donated slots
+    still hold exactly what the last call wrote there (the usual case), those
+    are distinct fresh arrays and the checks are skipped.
     """
     for c, k in fast.nones:
         if c[k] is not None:
             return SLOW
+    for c, k in fast.grads:
+        if type(c[k]) is state.PackedGrad:
+            return SLOW  # read_state slices it out
     donated = [c[k] for c, k in fast.donated]
     kept = [c[k] for c, k in fast.kept]
-    ids = set(map(id, donated))
-    if len(ids) != len(donated) or _NONE_ID in ids or not ids.isdisjoint(map(id, kept)):
-        return SLOW
+    donated_ids = tuple(map(id, donated))
+    if donated_ids != plan.fresh:
+        ids = set(donated_ids)
+        if len(ids) != len(donated) or _NONE_ID in ids or not ids.isdisjoint(map(id, kept)):
+            return SLOW
     traces = program.num_traces
     state.local.call = plan
     try:
@@ -547,10 +625,21 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
     except _Redonate:
         plan.fast = None
         return SLOW
+    except jax.errors.JaxRuntimeError as e:  # a buffer shared with another slot
+        if "donat" not in str(e):
+            raise
+        plan.fresh = None
+        return SLOW
     if program.num_traces != traces:
         plan.fast = None  # a new trace may have learned of more unread gradients
     write_back(plan.slots, changed)
+    plan.fresh = _fresh(changed, len(donated))
     return out
+
+
+def _fresh(changed: Changed, n: int) -> tuple[int, ...]:
+    """Ids of what a donating call wrote to its ``n`` donated slots (their values come first)."""
+    return tuple(map(id, changed.values[:n]))
 
 
 def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
@@ -593,12 +682,14 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
             last = plan.last = None
             continue
         write_back(slots, changed)
+        plan.fresh = _fresh(changed, len(idx))
         if kwargs is None:
             plan.fast = FastPath(
                 made.jitted,
                 tuple(slots[i] for i in idx),
                 tuple(slots[i] for i in keep),
                 tuple(slots[i] for i in nones),
+                tuple(slots[i] for i in (*idx, *keep) if slots[i][1] == "grad"),
             )
         return out
     raise RuntimeError("jm.compile: could not settle which state buffers to donate")

@@ -95,8 +95,7 @@ class Recorder:
 
     def read(self, cell: Any, v: Any) -> Any:
         """A read of ``cell`` (see ``state.read``): tap a parameter on its first read."""
-        d = cell.__dict__
-        if not d.get("_requires_grad") or self.nested:
+        if self.nested or not state.requires_grad(cell):
             return v
         cid = id(cell)
         if cid in self.tapped or (self.only is not None and cid not in self.only):
@@ -116,12 +115,12 @@ class Recorder:
             with _jax_core.set_current_trace(self.trace):
                 marked = _tap(sink, v, self.z)
         self.tapped[id(cell)] = (cell, v, index)
-        cell.__dict__["_value"] = marked
+        state.assign(cell, marked)
         return marked
 
     def tap_array(self, x: Any) -> tuple[Any, int]:
         """An array argument to differentiate (``jm.grad`` of an array): ``(tapped, index)``."""
-        holder = _Holder(x)
+        holder = state.Cell()  # not a parameter: only tapped here, never read by a module
         marked = self.tap(holder, x)
         return marked, self.tapped[id(holder)][2]
 
@@ -151,7 +150,7 @@ class Recorder:
         the caller to write back as primal values once the VJP is done.
         """
         for cell, old, _ in self.tapped.values():
-            cell.__dict__["_value"] = old
+            state.assign(cell, old)
         new = []
         for container, key, old in self.writes.values():
             new.append((container, key, container.get(key)))
@@ -161,14 +160,6 @@ class Recorder:
             list(self.snapshots.values()), self.called, ok, allowed | {id(v) for *_, v in new}
         )
         return new
-
-
-class _Holder:
-    """An array argument differentiated like a parameter (``jm.grad`` of an array)."""
-
-    def __init__(self, x: Any):
-        self.__dict__["_value"] = x
-        self.__dict__["_requires_grad"] = True
 
 
 def active() -> Recorder | None:
@@ -232,7 +223,7 @@ def note_backward() -> None:
     if rec is not None and rec.step_closure and not rec.nested:
         rec.nested = True
         for cell, old, _ in rec.tapped.values():  # what it read so far is not differentiated
-            cell.__dict__["_value"] = old
+            state.assign(cell, old)
         rec.tapped.clear()
 
 

@@ -44,11 +44,13 @@ from jmodule.utils import torch_to_numpy
 
 __all__ = [
     "Cell",
+    "PackedGrad",
     "Slot",
     "TreeState",
     "as_array",
     "assign",
     "grad_slot",
+    "grad_value",
     "is_bound",
     "is_cell",
     "link",
@@ -56,6 +58,7 @@ __all__ = [
     "lock",
     "peek",
     "read",
+    "requires_grad",
     "rng_slot",
     "touch",
     "tracing",
@@ -155,6 +158,11 @@ def as_array(x: Any) -> Any:
     return jnp.asarray(x)
 
 
+def requires_grad(cell: Cell) -> bool:
+    """Whether ``cell`` is a parameter that gradients are computed for."""
+    return cell.__dict__.get("_requires_grad", False)
+
+
 def value_slot(cell: Cell) -> Slot:
     """The slot holding ``cell``'s value."""
     return (cell.__dict__, "_value")
@@ -163,6 +171,35 @@ def value_slot(cell: Cell) -> Slot:
 def grad_slot(param: Cell) -> Slot:
     """The slot holding a parameter's ``.grad``."""
     return (param.__dict__, "grad")
+
+
+class PackedGrad:
+    """A ``.grad`` that a compiled step wrote as part of one flat array of several.
+
+    A compiled training step writes the gradients of small parameters as one
+    array (one output, not one per parameter); the ``.grad`` slot of each
+    holds this reference until ``Parameter.grad`` is read, which slices it out
+    (:func:`grad_value`) and keeps the slice.
+    """
+
+    __slots__ = ("flat", "shape", "size", "start")
+
+    def __init__(self, flat: Any, start: int, size: int, shape: tuple[int, ...]):
+        self.flat = flat
+        self.start = start
+        self.size = size
+        self.shape = shape
+
+    def materialize(self) -> Any:
+        return self.flat[self.start : self.start + self.size].reshape(self.shape)
+
+
+def grad_value(container: dict) -> Any:
+    """The ``.grad`` held in a parameter's ``__dict__``: an array or None (never packed)."""
+    g = container["grad"]
+    if type(g) is PackedGrad:
+        g = container["grad"] = g.materialize()
+    return g
 
 
 def rng_slot(generator: Any) -> Slot:

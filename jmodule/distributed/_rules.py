@@ -105,5 +105,5 @@ def _move(placements: list[ArrayPlan]) -> None:
             if isinstance(value, jax.ShapeDtypeStruct)
             else put(value, p.sharding)
         )
-        if p.is_param and p.container.get("grad") is not None:
+        if p.is_param and state.grad_value(p.container) is not None:
             p.container["grad"] = put(p.container["grad"], p.sharding)

@@ -65,7 +65,7 @@ class Parameter(Cell):
         watch = state.local.watch
         if watch is not None and id(d) in watch.watched and id(d) not in watch.written:
             watch.reads.add(id(d))
-        return d["grad"]
+        return state.grad_value(d)
 
     @grad.setter
     def grad(self, value: Any) -> None:

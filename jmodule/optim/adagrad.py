@@ -131,7 +131,7 @@ class Adagrad(TorchOptimizer):
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
-                self._materialize(p, self._record(group, p)[1])
+                self._materialize(p, self._record(group, p).public)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
         return (

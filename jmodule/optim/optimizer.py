@@ -28,7 +28,7 @@ import operator
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +73,27 @@ def _leaf_name(path: tuple) -> tuple[str, ...]:
                 out.append(str(getattr(k, attr)))
                 break
     return tuple(out)
+
+
+class _Seen(NamedTuple):
+    """What an optimizer's last description was made from."""
+
+    version: int
+    parted: int
+    #: The optimizer's structure version (moves when a parameter's requires_grad does).
+    own: int
+    #: Per param group: the group dict, its option values, its number of parameters.
+    groups: tuple[tuple[dict, tuple, int], ...]
+
+
+class Record(NamedTuple):
+    """One parameter's optimizer state: the options it was made for, and its state dicts."""
+
+    cfg: tuple
+    #: Its state under PyTorch's names (``state[p]`` once it has stepped).
+    public: dict[str, Any]
+    #: optax leaves PyTorch does not save.
+    hidden: dict[str, Any]
 
 
 class Optimizer:
@@ -129,8 +150,8 @@ class Optimizer:
         self._version = 0
         self._desc_sig: Any = None
         self._desc: structure.Description | None = None
-        #: ``(version, [(option values, number of params) per group])`` of the last describe.
-        self._options_seen: tuple | None = None
+        #: What the last describe saw (the per-call path compares it).
+        self._seen: _Seen | None = None
         #: Bumped when packed members' step counts part ways (see ``_packed.Bucket``).
         self._parted = 0
         self._opt_called = False
@@ -315,15 +336,17 @@ class Optimizer:
 
     def _jm_describe(self) -> structure.Description:
         """Structure key and state slots, for ``jm.compile`` (cached; cheap per call)."""
-        snap = self._options_seen
+        seen = self._seen
         if (
-            snap is not None
-            and snap[0] == (self._version, self._parted, _state.version(self))
-            and len(snap[1]) == len(self.param_groups)
+            seen is not None
+            and seen.version == self._version
+            and seen.parted == self._parted
+            and seen.own == self.__dict__.get("_jm_version", 0)
+            and len(seen.groups) == len(self.param_groups)
         ):
             # The per-call path: every option is the very object seen last time.
-            for g, (items, n) in zip(self.param_groups, snap[1]):
-                if len(g["params"]) != n or len(g) != len(items):
+            for g, (ref, items, n) in zip(self.param_groups, seen.groups):
+                if g is not ref or len(g) != len(items) or len(g["params"]) != n:
                     break
                 if not all(map(operator.is_, items, g.values())):
                     break
@@ -352,14 +375,16 @@ class Optimizer:
         elif self._hyper:
             for i, group in enumerate(self.param_groups):
                 self._refresh_hyper(str(i), group)
-        self._options_seen = (
-            (self._version, self._parted, _state.version(self)),
-            [
-                (tuple(v for v in g.values()), len(g["params"]))
+        self._seen = _Seen(
+            self._version,
+            self._parted,
+            self.__dict__.get("_jm_version", 0),
+            tuple(
+                (g, tuple(g.values()), len(g["params"]))
                 if not any(isinstance(v, (list, dict, set)) and k != "params" for k, v in g.items())
-                else ((object(),), -1)  # a mutable option: check it fully every call
+                else (g, (object(),), -1)  # a mutable option: check it fully every call
                 for g in self.param_groups
-            ],
+            ),
         )
         return self._desc
 
@@ -618,7 +643,7 @@ class TorchOptimizer(Optimizer):
 
     def _init_storage(self) -> None:
         #: Per parameter: (structure, public dict (= state[p] once live), hidden dict).
-        self._records: dict[Parameter, tuple[tuple, dict[str, Any], dict[str, Any]]] = {}
+        self._records: dict[Parameter, Record] = {}
         self._layouts: dict[tuple, tuple[Any, tuple[tuple[bool, str], ...]]] = {}
         #: Small parameters whose state is packed (see ``_packed.py``): buckets per
         #: group index, and each packed parameter's ``(bucket, position)``.
@@ -652,7 +677,7 @@ class TorchOptimizer(Optimizer):
         """``p``'s record for ``group``'s current structure (made or remade as needed)."""
         cfg = self._structure(group)
         rec = self._records.get(p)
-        if rec is not None and rec[0] == cfg:
+        if rec is not None and rec.cfg == cfg:
             return rec
         if isinstance(_state.peek(p), jax.core.Tracer):
             if rec is None:
@@ -660,15 +685,15 @@ class TorchOptimizer(Optimizer):
             raise RuntimeError(CHANGED_INSIDE_HELP.format(what="A param group's options were"))
         public, hidden = self._fresh(cfg, _state.peek(p))
         if rec is not None:  # options changed: keep the entries that still apply
-            for old, new in ((rec[1], public), (rec[2], hidden)):
+            for old, new in ((rec.public, public), (rec.hidden, hidden)):
                 for k, v in old.items():
                     if k in new and getattr(v, "shape", None) == new[k].shape:
                         new[k] = v
-            old_public = rec[1]
+            old_public = rec.public
             old_public.clear()
             old_public.update(public)
             public = old_public
-        rec = self._records[p] = (cfg, public, hidden)
+        rec = self._records[p] = Record(cfg, public, hidden)
         self._version += 1
         return rec
 
@@ -706,7 +731,7 @@ class TorchOptimizer(Optimizer):
 
     def _dissolve(self, bucket: Bucket) -> None:
         for p, (public, hidden) in zip(bucket.params, bucket.unpack()):
-            self._records[p] = (bucket.cfg, public, hidden)
+            self._records[p] = Record(bucket.cfg, public, hidden)
             if p in self.state:
                 self.state[p] = public
 
@@ -765,7 +790,7 @@ class TorchOptimizer(Optimizer):
                 layout, per_param = classified
                 if kind is SharedBucket and not per_param:
                     continue  # nothing to share
-                records = [self._records[p][1:] for p in members]
+                records = [self._records[p][1:] for p in members]  # (public, hidden)
                 bucket = kind(
                     cfg, members, layout, per_param, records, list(records[0][0]), self._part
                 )
@@ -823,7 +848,7 @@ class TorchOptimizer(Optimizer):
         if not params:
             return
         records = [self._record(group, p) for p in params]
-        cfg = records[0][0]
+        cfg = records[0].cfg
         treedef, layout = self._layouts[cfg]
         names = [n for n, _, _ in self._hyper]
 
@@ -851,14 +876,14 @@ class TorchOptimizer(Optimizer):
             hp,
             [_state.peek(p) for p in params],
             [p.grad for p in params],
-            [rec[1] for rec in records],
-            [rec[2] for rec in records],
+            [rec.public for rec in records],
+            [rec.hidden for rec in records],
         )
         for p, rec, v, pub, hid in zip(params, records, values, publics, hiddens):
             _state.assign(p, v)
-            rec[1].update(pub)
-            rec[2].update(hid)
-            self._materialize(p, rec[1])
+            rec.public.update(pub)
+            rec.hidden.update(hid)
+            self._materialize(p, rec.public)
 
     def _step_bucket(self, hp: Any, bucket: Bucket, mask: tuple[bool, ...]) -> None:
         """One step of the bucket's members whose ``mask`` entry is set (those with a grad).
@@ -1016,7 +1041,7 @@ class TorchOptimizer(Optimizer):
         self, state_dict: dict[str, Any], groups: list[dict[str, Any]], id_map: dict
     ) -> Callable[[], None]:
         problems: list[str] = []
-        loaded: list[tuple[Parameter, tuple]] = []
+        loaded: list[tuple[Parameter, Record]] = []
         group_of = {id(p): g for g in groups for p in g["params"]}
         for k, saved in state_dict["state"].items():
             p = id_map.get(k)
@@ -1048,7 +1073,7 @@ class TorchOptimizer(Optimizer):
                     continue
                 public[n] = value.astype(fresh.dtype)
             self._derive_hidden(dict(cfg), public, hidden)
-            loaded.append((p, (cfg, public, hidden)))
+            loaded.append((p, Record(cfg, public, hidden)))
         if problems:
             raise ValueError("Error(s) in loading state_dict:\n\t" + "\n\t".join(problems))
 
@@ -1060,6 +1085,6 @@ class TorchOptimizer(Optimizer):
             self._organized = None
             for p, rec in loaded:
                 self._records[p] = rec
-                self.state[p] = rec[1]
+                self.state[p] = rec.public
 
         return apply
