@@ -29,7 +29,8 @@ from jmodule import random as _random
 from jmodule._lowering import hooks as _hooks
 from jmodule._lowering import program as _program
 from jmodule._lowering import state, structure
-from jmodule._lowering.program import Plan, Program, wrap_leaf
+from jmodule._lowering.arguments import wrap_leaf
+from jmodule._lowering.program import Plan, Program
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 
 _HOOKS = _hooks._VERSION  # the global hooks' version (``.value``), read once per call
@@ -188,6 +189,7 @@ class CompiledForward:
         self._plan: Plan | None = None
         self._version = -1
         self._hooks = -1
+        self._module_dict = module.__dict__
 
     def _refresh(self) -> Plan:
         desc = structure.describe(self.module)
@@ -203,7 +205,7 @@ class CompiledForward:
         plan = self._plan
         if (
             plan is None
-            or self._version != self.module.__dict__.get("_jm_version", 0)
+            or self._version != self._module_dict.get("_jm_version", 0)
             or self._hooks != _HOOKS.value
         ):
             plan = self._refresh()
@@ -217,6 +219,8 @@ class CompiledForward:
             args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
         local = state.local
         if local.recorder is not None or local.bound:
+            if local.recorder is not None:  # a gradient is being taken: it may restore us
+                local.recorder.enter(self.module)
             return _run_plan(self.program, plan, False, args, kwargs)
         with plan.guard:
             slots = plan.slots

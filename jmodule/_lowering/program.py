@@ -30,114 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
 from jmodule._lowering import binding, state, structure
+from jmodule._lowering.arguments import describe_args, diff, unwrap_static
 from jmodule._lowering.state import Slot
 
+__all__ = ["Changed", "Donation", "FastPath", "Plan", "Program"]
+
 logger = logging.getLogger("jmodule.compile")
-
-
-# ----------------------------------------------------------------------------- arguments
-
-
-class Static:
-    """A non-array argument, passed to ``jax.jit`` as part of the tree structure."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is Static
-            and type(self.value) is type(other.value)
-            and bool(self.value == other.value)
-        )
-
-    def __hash__(self) -> int:
-        return hash((type(self.value), self.value))
-
-    def __repr__(self) -> str:
-        return f"Static({self.value!r})"
-
-
-jax.tree_util.register_pytree_node(Static, lambda s: ((), s.value), lambda v, _: Static(v))
-
-
-def wrap_leaf(x: Any) -> Any:
-    """Arrays stay dynamic; Parameters become their arrays; the rest is static."""
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        return x
-    if state.is_cell(x):
-        return state.read(x)
-    try:
-        hash(x)
-    except TypeError:
-        raise TypeError(
-            f"Compiled calls take arrays (traced) and hashable Python values (compile-time "
-            f"constants); got an unhashable {type(x).__name__}. Pass it as an array, a tuple, "
-            "or a dict/list of arrays."
-        ) from None
-    return Static(x)
-
-
-def unwrap_static(tree: Any) -> Any:
-    return jax.tree_util.tree_map(
-        lambda x: x.value if type(x) is Static else x,
-        tree,
-        is_leaf=lambda x: type(x) is Static,
-    )
-
-
-def describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> dict[str, tuple]:
-    """Name -> (shape, dtype) or ("value", v) for every argument leaf."""
-    out = {}
-    flat, _ = jax.tree_util.tree_flatten_with_path(
-        (args, kwargs), is_leaf=lambda x: type(x) is Static
-    )
-    for path, leaf in flat:
-        top, *rest = path
-        if top.idx == 0 and rest:  # positional: use forward's parameter names
-            idx = rest[0].idx
-            base = arg_names[idx] if arg_names and idx < len(arg_names) else f"args[{idx}]"
-            name = base + jax.tree_util.keystr(tuple(rest[1:]))
-        else:
-            name = jax.tree_util.keystr(tuple(rest)).strip("[]'")
-        if type(leaf) is Static:
-            out[name] = ("value", leaf.value)
-        else:
-            out[name] = (tuple(leaf.shape), str(leaf.dtype))
-    return out
-
-
-def _fmt(sig: tuple) -> str:
-    if sig[0] == "none":
-        return "None"
-    if sig[0] == "value":
-        return repr(sig[1])
-    return f"{sig[0]} {sig[1]}"
-
-
-def _diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None:
-    """Say how two signatures differ: the first changed, added or removed entry."""
-    for name, sig in new.items():
-        if name not in old:
-            return f"{kind} '{name}' added"
-        before = old[name]
-        if before == sig:
-            continue
-        if before[0] in ("value", "none") or sig[0] in ("value", "none"):
-            return f"{kind} {name} changed: {_fmt(before)} -> {_fmt(sig)}"
-        if before[0] != sig[0]:
-            return f"{kind} shape changed: {name} {before[0]} -> {sig[0]}"
-        return f"{kind} dtype changed: {name} {before[1]} -> {sig[1]}"
-    for name in old:
-        if name not in new:
-            return f"{kind} '{name}' removed"
-    return None
 
 
 # ----------------------------------------------------------------------------- records
@@ -435,8 +336,8 @@ class Program:
             reason = self._pending_reason
         else:
             reason = (
-                _diff("input", previous[1], arg_sig)
-                or _diff("state", previous[0], state_sig)
+                diff("input", previous[1], arg_sig)
+                or diff("state", previous[0], state_sig)
                 or "input or state sharding, device or weak type changed"
             )
         self._last_sig[key] = (state_sig, arg_sig)
@@ -505,31 +406,49 @@ def read_state(program: Program, plan: Plan) -> list[Any]:
     return vals
 
 
-def write_back(slots: Sequence[Slot], changed: Changed) -> None:
+def write_back(slots: Sequence[Slot], changed: Changed, recorder: Any = None) -> None:
+    """Put a call's new values into their slots (``recorder``: note those of its trace)."""
     indices, values = changed.indices, changed.values
-    for i, v in zip(indices, values):
-        c, k = slots[i]
-        c[k] = v
+    if recorder is None:
+        for i, v in zip(indices, values):
+            c, k = slots[i]
+            c[k] = v
+    else:  # restored when the gradient is done, written back as primal values
+        for i, v in zip(indices, values):
+            c, k = slots[i]
+            if recorder.owns(v):
+                recorder.note_write(c, k)
+            c[k] = v
     if changed.packs:
         n = len(indices)
         for j, members in enumerate(changed.packs):
             flat = values[n + j]
             for i, start, size, shape in members:
                 c, k = slots[i]
+                if recorder is not None and recorder.owns(flat):
+                    recorder.note_write(c, k)
                 c[k] = state.PackedGrad(flat, start, size, shape)
+
+
+def _run_jitted(
+    program: Program, plan: Plan, args: tuple, kwargs: dict | None, read: Callable
+) -> tuple[Any, Changed]:
+    """``jitted(read(program, plan), args[, kwargs])``, traced again once on ``_Reread``."""
+    jitted = program.jitted(plan)
+    for attempt in range(2):
+        vals = read(program, plan)
+        state.local.call = plan
+        try:
+            return jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
+        except _Reread:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 def call(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
     """Run the program on the slots and write back what it changed (``kwargs`` None: none)."""
-    jitted = program.jitted(plan)
-    for _ in range(2):
-        vals = read_state(program, plan)
-        state.local.call = plan
-        try:
-            out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-            break
-        except _Reread:
-            continue
+    out, changed = _run_jitted(program, plan, args, kwargs, read_state)
     write_back(plan.slots, changed)
     return out
 
@@ -542,24 +461,16 @@ def call_recorded(program: Program, plan: Plan, args: tuple, kwargs: dict | None
     recorded, to be restored when the gradient is done.
     """
     recorder = state.local.recorder
-    jitted = program.jitted(plan)
-    slots = plan.slots
-    for _ in range(2):
+
+    def read(program: Program, plan: Plan) -> list[Any]:
         vals = read_state(program, plan)
         for i, cell in enumerate(plan.cells):
             if cell is not None:
                 vals[i] = recorder.read(cell, vals[i])
-        state.local.call = plan
-        try:
-            out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-            break
-        except _Reread:
-            continue
-    for i, v in zip(changed.indices, changed.values):
-        c, k = slots[i]
-        if recorder.owns(v):
-            recorder.note_write(c, k)
-        c[k] = v
+        return vals
+
+    out, changed = _run_jitted(program, plan, args, kwargs, read)
+    write_back(plan.slots, changed, recorder)
     return out
 
 

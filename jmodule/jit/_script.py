@@ -138,7 +138,7 @@ class ScriptModule(Module):
         fast.program.on_trace.append(self._on_trace)
         call: Any = fast
         if fallback == "eager":
-            call = WithFallback(call, self._fall_back, module._call_impl)
+            call = WithFallback(call, self._fall_back, module)
         if debug_options is not None and debug_options.save_dir is not None:
             call = WithDumps(call, self._dump_pending)
         d["_compiled"] = call

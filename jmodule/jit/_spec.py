@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jmodule._lowering.program import Static
+from jmodule._lowering.arguments import Static
 from jmodule.jit._errors import JitError
 from jmodule.nn.parameter import as_array
 

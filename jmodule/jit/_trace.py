@@ -21,7 +21,7 @@ import jax
 
 from jmodule import random as _random
 from jmodule._lowering import binding, state, structure
-from jmodule._lowering.program import Static, describe_args, unwrap_static, wrap_leaf
+from jmodule._lowering.arguments import Static, describe_args, unwrap_static, wrap_leaf
 from jmodule.jit._errors import TracingError
 
 Forward = Callable[[Sequence[Any], tuple, dict], Any]

@@ -152,12 +152,12 @@ class CallMixin:
         return handle
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        compiled = self._compiled
+        if compiled is not None:  # it tells a gradient recorder itself
+            return compiled(args, kwargs)
         recorder = state.local.recorder
         if recorder is not None:  # a gradient is being taken: it may restore this module
             recorder.enter(self)
-        compiled = self._compiled
-        if compiled is not None:
-            return compiled(args, kwargs)
         return self._call_impl(*args, **kwargs)
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
