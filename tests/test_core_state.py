@@ -508,3 +508,30 @@ def test_a_compiled_step_writes_small_gradients_packed_and_reads_give_them_back(
         np.testing.assert_allclose(np.asarray(p.grad), g + np.asarray(new[n]), rtol=1e-5, atol=1e-7)
     model.zero_grad(set_to_none=False)
     assert all(np.all(np.asarray(p.grad) == 0) for p in model.parameters())
+
+
+def test_functional_call_inside_backward_differentiates_through_the_values_given():
+    # MAML-style: the loss reads fast weights computed from the parameters, through
+    # functional_call; the gradient reaches the parameters through them, as in torch.
+    from torch.func import functional_call as torch_functional_call
+
+    m, tm = nn.Linear(3, 1), torch.nn.Linear(3, 1)
+    tm.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in m.state_dict().items()})
+    x = jnp.ones((4, 3))
+
+    def loss():
+        fast = {n: p * 0.9 for n, p in m.named_parameters()}
+        return (jm.func.functional_call(m, fast, (x,)) ** 2).sum()
+
+    jm.backward(loss)
+    fast = {n: p * 0.9 for n, p in tm.named_parameters()}
+    (torch_functional_call(tm, fast, (torch.ones(4, 3),)) ** 2).sum().backward()
+    for (n, p), q in zip(m.named_parameters(), tm.parameters()):
+        np.testing.assert_allclose(np.asarray(p.grad), _np(q.grad), rtol=1e-5, err_msg=n)
+
+
+def test_functional_call_inside_backward_does_not_differentiate_the_replaced_parameters():
+    m = nn.Linear(3, 1)
+    values = {n: jnp.ones_like(p.data) for n, p in m.named_parameters()}  # not the parameters
+    jm.backward(lambda: jm.func.functional_call(m, values, (jnp.ones((2, 3)),)).sum())
+    assert m.weight.grad is None and m.bias.grad is None  # torch: they took no part

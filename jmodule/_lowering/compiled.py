@@ -125,7 +125,7 @@ def _plan_for(
         names=tuple(names),
         named_modules=tuple(named_modules),
         cells=tuple(cells),
-        locks=tuple(state.lock(o) for o in sorted(set(objects), key=id)),
+        locks=tuple(state.lock(o) for o in sorted({id(o): o for o in objects}.values(), key=id)),
         generator=generator,
         positions=positions,
     )

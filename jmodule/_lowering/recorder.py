@@ -77,6 +77,9 @@ class Recorder:
     def __init__(self, z: Any, only: set[int] | None = None, step_closure: bool = False):
         self.z = z
         self.trace = z._trace
+        #: Bindings active when it started (a compiled step's): values bound later (by a
+        #: ``functional_call`` inside the closure) are not the parameters' own.
+        self.depth = len(state.local.bound)
         self.only = only
         self.step_closure = step_closure
         #: A jm.backward ran inside (only for step closures): stop differentiating.
@@ -100,6 +103,8 @@ class Recorder:
         cid = id(cell)
         if cid in self.tapped or (self.only is not None and cid not in self.only):
             return v
+        if len(state.local.bound) > self.depth and state.bound_since(cell.__dict__, self.depth):
+            return v  # a value functional_call put there: its own gradient flows, not p's
         if isinstance(v, jax.ShapeDtypeStruct):
             return v  # meta: whatever uses it raises the meta-device error
         return self.tap(cell, v)

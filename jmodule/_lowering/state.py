@@ -49,6 +49,7 @@ __all__ = [
     "TreeState",
     "as_array",
     "assign",
+    "bound_since",
     "grad_slot",
     "grad_value",
     "is_bound",
@@ -102,6 +103,13 @@ def is_bound(container: dict) -> bool:
     """True when ``container`` holds slots bound by one of this thread's active traces."""
     cid = id(container)
     return any(cid in bound for bound in local.bound)
+
+
+def bound_since(container: dict, depth: int) -> bool:
+    """True when ``container`` was bound by one of this thread's bindings after the first
+    ``depth`` (those active when, say, a gradient recorder started)."""
+    cid = id(container)
+    return any(cid in bound for bound in local.bound[depth:])
 
 
 # ----------------------------------------------------------------------------- cells
@@ -225,6 +233,12 @@ def _unary(op):
     return method
 
 
+#: Array attributes that describe an array without computing with its value.
+_METADATA = frozenset(
+    {"shape", "dtype", "ndim", "size", "itemsize", "nbytes", "sharding", "device", "devices"}
+)
+
+
 class Cell:
     """Array behaviour shared by Parameter and Buffer, delegating to the value.
 
@@ -253,6 +267,8 @@ class Cell:
         if isinstance(v, jax.ShapeDtypeStruct):
             if not hasattr(v, name):
                 raise RuntimeError(f"{META_HELP} (while looking up .{name})")
+            return getattr(v, name)
+        if name in _METADATA:  # no value is computed with: a gradient recorder need not see it
             return getattr(v, name)
         return getattr(read(self), name)
 

@@ -461,6 +461,12 @@ class Optimizer:
     def __getstate__(self) -> dict:
         return _state.without_private(self.__dict__)
 
+    def __setstate__(self, saved: dict) -> None:
+        self.__dict__.update(saved)
+        for group in self.param_groups:
+            for p in group["params"]:
+                _state.link(p, self)
+
     def __repr__(self) -> str:
         out = type(self).__name__ + " ("
         for i, group in enumerate(self.param_groups):
