@@ -228,9 +228,10 @@ class CompiledForward:
             local.call = plan
             jitted = plan.jitted
             out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-            for i, v in zip(changed.indices, changed.values):
-                c, k = slots[i]
-                c[k] = v
+            if changed is not None:
+                for i, v in zip(changed.indices, changed.values):
+                    c, k = slots[i]
+                    c[k] = v
             if plan.draws is None:
                 _learned(self.program, plan)
         return out

@@ -238,7 +238,7 @@ class Program:
         if fn is None:
             self._note_structure(plan.infos)
             fn = self.entries[plan.key] = jax.jit(
-                functools.partial(self._pure, plan.key), **self.jit_options
+                functools.partial(self._pure, plan.key, compact=True), **self.jit_options
             )
         self._infos = plan.infos
         plan.jitted = fn
@@ -348,8 +348,13 @@ class Program:
             hook(key, vals, args, kwargs, reason)
 
     def _pure(
-        self, key: Any, vals: list, args: tuple, kwargs: dict | None = None
-    ) -> tuple[Any, Changed]:
+        self, key: Any, vals: list, args: tuple, kwargs: dict | None = None, compact: bool = False
+    ) -> tuple[Any, Changed | None]:
+        """Bind ``vals``, run the function, return ``(output, what it changed)``.
+
+        With ``compact`` (the non-donating programs), a trace that changed no
+        slot returns None for it: no pytree node to rebuild on every call.
+        """
         kwargs = {} if kwargs is None else kwargs
         plan = state.local.call
         self._note_trace(plan, key, vals, args, kwargs)
@@ -379,6 +384,8 @@ class Program:
         self.unread_slots = frozenset((id(slots[i][0]), "grad") for i in unread)
         if plan.pack_grads:
             return out, _pack_grads(slots, idx, new, unread)
+        if compact and not idx:
+            return out, None
         return out, Changed(idx, new)
 
 
@@ -406,8 +413,10 @@ def read_state(program: Program, plan: Plan) -> list[Any]:
     return vals
 
 
-def write_back(slots: Sequence[Slot], changed: Changed, recorder: Any = None) -> None:
+def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = None) -> None:
     """Put a call's new values into their slots (``recorder``: note those of its trace)."""
+    if changed is None:  # a compact program that changed nothing
+        return
     indices, values = changed.indices, changed.values
     if recorder is None:
         for i, v in zip(indices, values):
