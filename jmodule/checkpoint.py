@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from jmodule.serialization import _atomic, _directory, _metafile
+from jmodule.serialization import _atomic, _directory, _errors, _inflight, _metafile
 from jmodule.serialization._errors import CheckpointExistsError, CheckpointNotFoundError
 
 __all__ = ["CheckpointManager"]
@@ -56,13 +56,23 @@ class CheckpointManager:
             CPU, a device-to-host copy on accelerators), so the training step
             may update or donate them at once. A save waits for the previous
             one; errors of a background save are raised by the next
-            :meth:`save`, :meth:`restore`, :meth:`wait_until_finished` or
-            :meth:`close`.
+            :meth:`save` (before it starts its own step), :meth:`restore`,
+            :meth:`wait_until_finished` or :meth:`close`. A save still in
+            flight when Python exits is finished first; if it fails, its
+            error is printed on stderr and the process exits with status 1.
 
     On start, leftovers of saves killed mid-way (by a crash, a pre-emption)
     are finished or removed; the next save brings the number of kept steps
-    back to ``max_to_keep``. One manager (one process) should write to a
-    directory at a time; leftovers of a process still running are left alone.
+    back to ``max_to_keep``. Leftovers of a process still running are left
+    alone, and so are those that cannot be removed: a manager opened on a
+    read-only directory restores from it (saving there raises
+    ``NotWritableError``).
+
+    One manager (one process) should write to a directory at a time. If two
+    do, they never both succeed with the same step: the one that commits it
+    first wins, and the other gets ``CheckpointExistsError`` naming the step
+    (from :meth:`save` itself, or for a background save from the next call
+    that waits for it, as for any background error), its copy discarded.
     In a job of several ``jax.distributed`` processes, every process creates
     the manager and calls :meth:`save` with the same arguments (``async_=False``:
     a background save would run collectives beside the training step's);
@@ -92,7 +102,8 @@ class CheckpointManager:
         self.max_to_keep = max_to_keep
         self.save_interval_steps = save_interval_steps
         self.async_ = async_
-        self.directory.mkdir(parents=True, exist_ok=True)
+        with _errors.saving(self.directory, lambda: None):
+            self.directory.mkdir(parents=True, exist_ok=True)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future | None = None
         if _leads():
@@ -134,9 +145,16 @@ class CheckpointManager:
             Whether a save was started.
 
         Raises:
-            CheckpointExistsError: ``step`` exists and ``overwrite`` is false.
+            CheckpointExistsError: ``step`` exists and ``overwrite`` is false,
+                also when another writer saved it while this one was writing.
+            DiskFullError: the disk filled up (nothing is left behind).
+            NotWritableError: the directory cannot be written.
             TypeError: ``obj`` holds a value ``jm.save`` cannot store.
             NotImplementedError: ``async_`` is true in a job of several processes.
+
+        With ``async_``, errors met while writing (a step lost to another
+        writer, a full disk, an unwritable directory) are raised by the next
+        call that waits for this save instead (or reported at exit).
         """
         if type(step) is not int or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -165,10 +183,19 @@ class CheckpointManager:
                 1, thread_name_prefix="jm-checkpoint"
             )
         self._pending = self._executor.submit(self._write, prepared, step, overwrite)
+        _inflight.track(self._pending, f"step {step} to '{path}'")
         return True
 
     def _write(self, prepared: _directory.Prepared, step: int, overwrite: bool) -> None:
-        _directory.write(prepared, self._path(step), overwrite=overwrite)
+        try:
+            _directory.write(prepared, self._path(step), overwrite=overwrite)
+        except CheckpointExistsError:
+            raise CheckpointExistsError(
+                f"step {step} was saved to '{self.directory}' by another writer while this "
+                f"manager was saving it; this manager's step {step} was discarded and the other "
+                "one kept. Only one CheckpointManager (one process) should save to a directory "
+                "at a time: give each run its own directory."
+            ) from None
         if self.max_to_keep is not None and _leads():
             for old in self.all_steps()[: -self.max_to_keep]:
                 _atomic.delete(self._path(old))
@@ -178,6 +205,7 @@ class CheckpointManager:
         """Block until the save in flight (if any) is on disk; raise its error if it failed."""
         pending, self._pending = self._pending, None
         if pending is not None:
+            _inflight.forget(pending)
             pending.result()
 
     def restore(self, step: int | None = None, map_location: Any = None) -> Any:

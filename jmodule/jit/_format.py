@@ -22,9 +22,11 @@ import json
 import os
 import struct
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from jmodule.jit._errors import IncompatibleVersionError, ProgramFileError
+from jmodule.serialization._errors import saving
 
 MAGIC = b"\x89JMJIT\r\n"
 #: Version of this layout and of the metadata in the header.
@@ -55,19 +57,23 @@ def encode(meta: Mapping[str, Any], parts: Mapping[str, bytes]) -> bytes:
 
 
 def write(f: str | os.PathLike | BinaryIO, data: bytes) -> None:
-    """Write ``data`` to a path (replacing it atomically) or a binary file object."""
+    """Write ``data`` to a path (replacing it atomically) or a binary file object.
+
+    A full disk raises ``jm.serialization.DiskFullError``, with nothing left behind.
+    """
     if isinstance(f, (str, os.PathLike)):
         path = os.fspath(f)
         tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with saving(Path(os.path.abspath(path)), lambda: len(data)):
+            try:
+                with open(tmp, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
         return
     f.write(data)
 

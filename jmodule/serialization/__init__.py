@@ -20,6 +20,8 @@ from jmodule.serialization._errors import CheckpointError as CheckpointError
 from jmodule.serialization._errors import CheckpointExistsError as CheckpointExistsError
 from jmodule.serialization._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from jmodule.serialization._errors import CorruptCheckpointError as CorruptCheckpointError
+from jmodule.serialization._errors import DiskFullError as DiskFullError
+from jmodule.serialization._errors import NotWritableError as NotWritableError
 from jmodule.serialization._errors import UnsafePickleError as UnsafePickleError
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
+    "DiskFullError",
+    "NotWritableError",
     "UnsafePickleError",
     "load",
     "read_metadata",

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jmodule.serialization import _directory, _safetensors, _torch_pickle
+from jmodule.serialization import _directory, _errors, _safetensors, _torch_pickle
 from jmodule.serialization._errors import CorruptCheckpointError
 
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle")
@@ -36,6 +36,11 @@ def save(
     one; the next save to ``path`` tidies up what the killed one left.
     (Orbax's own ``force=True`` deletes the old checkpoint before writing.)
 
+    Saves racing for one new ``path`` (threads, processes) never overwrite
+    each other without ``overwrite=True``: exactly one succeeds, the others
+    raise :class:`~jmodule.serialization.CheckpointExistsError`. With
+    ``overwrite=True`` they all succeed and the last to finish is kept.
+
     In a job of several ``jax.distributed`` processes, every process calls
     ``save`` with the same ``obj`` structure and the same ``path`` on a shared
     filesystem: each writes only the shards it holds (nothing is gathered),
@@ -51,7 +56,11 @@ def save(
             with :func:`read_metadata`.
 
     Raises:
-        CheckpointExistsError: ``path`` exists and ``overwrite`` is false.
+        CheckpointExistsError: ``path`` exists and ``overwrite`` is false (or
+            another save created it meanwhile).
+        DiskFullError: the disk filled up; the message gives the size needed
+            and the space free, and nothing half-written is left behind.
+        NotWritableError: ``path``'s directory is read-only or not ours to write.
         TypeError: ``obj`` holds a value jm cannot store (its key is named).
         ValueError: ``path`` ends in ``.pt``/``.bin``/...: jm does not write
             pickles.
@@ -64,7 +73,10 @@ def save(
     """
     p = Path(os.fspath(path))
     if p.suffix == ".safetensors":
-        _safetensors.write(obj, p, metadata=metadata, overwrite=overwrite)
+        final = Path(os.path.abspath(p))
+        # The writer removes its temporary file before an error leaves it.
+        with _errors.saving(final, lambda: _nbytes(obj), keeps_old=overwrite and final.exists()):
+            _safetensors.write(obj, p, metadata=metadata, overwrite=overwrite)
         return
     if p.suffix in _PICKLE_SUFFIXES:
         raise ValueError(
@@ -73,6 +85,14 @@ def save(
             f"'{p.with_suffix('.safetensors')}'; jm.load still reads .pt/.bin files."
         )
     _directory.write(_directory.prepare(obj, metadata), p, overwrite=overwrite)
+
+
+def _nbytes(obj: Any) -> int | None:
+    """About how many bytes the safetensors file of ``obj`` takes."""
+    try:
+        return sum(int(v.nbytes) for v in obj.values())
+    except (AttributeError, TypeError):
+        return None
 
 
 def _kind(p: Path) -> str:

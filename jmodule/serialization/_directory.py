@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule.serialization import _atomic, _checksum, _metafile, _tree
+from jmodule.serialization import _atomic, _checksum, _errors, _metafile, _tree
 from jmodule.serialization._errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -153,17 +153,39 @@ def _save_arrays(staging: Path, stored: dict[str, Any]) -> None:
             checkpointer.close()
 
 
+def _size(prepared: Prepared) -> int:
+    """About how many bytes the checkpoint of ``prepared`` takes on disk."""
+    return sum(int(x.nbytes) for x in prepared.arrays) + len(json.dumps(prepared.tree))
+
+
+def _taken(final: Path) -> CheckpointExistsError:
+    return CheckpointExistsError(
+        f"'{final}' was saved by another writer while this save was writing it; this save "
+        "was discarded and the other one kept (exactly one of racing saves to a new path "
+        "succeeds). Pass overwrite=True to replace it, or save to another path."
+    )
+
+
 def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) -> Path:
     """Write ``prepared`` as a committed checkpoint at ``path``; see the module docstring.
 
     Raises:
-        CheckpointExistsError: ``path`` exists and ``overwrite`` is false.
+        CheckpointExistsError: ``path`` exists and ``overwrite`` is false, also
+            when another save committed it while this one was writing.
         CheckpointError: ``overwrite`` would delete something that is not a
             jm checkpoint.
+        DiskFullError: the disk filled up; nothing is left behind.
+        NotWritableError: ``path``'s directory cannot be written.
     """
     final = Path(os.path.abspath(os.fspath(path)))
-    if multiprocess():
-        return _write_processes(prepared, final, overwrite)
+    with _errors.saving(final, lambda: _size(prepared), keeps_old=overwrite and final.exists()):
+        if multiprocess():
+            return _write_processes(prepared, final, overwrite)
+        return _write_here(prepared, final, overwrite)
+
+
+def _write_here(prepared: Prepared, final: Path, overwrite: bool) -> Path:
+    """:func:`write` in a single process."""
     _prepare_target(final, overwrite)
     tag = _atomic.new_tag()
     staging = _atomic.sibling(final, "tmp", tag)
@@ -188,7 +210,10 @@ def write(prepared: Prepared, path: os.PathLike | str, overwrite: bool = False) 
         _save_arrays(staging, stored)
         _metafile.write(staging, _body(prepared, crcs, shard_crcs))
         _atomic.fsync_tree(staging)
-        _atomic.commit(staging, final, tag, replace=final.exists() or final.is_symlink())
+        try:
+            _atomic.commit(staging, final, tag, overwrite)
+        except FileExistsError:
+            raise _taken(final) from None
     except BaseException:
         _atomic.rmtree(staging)
         raise
@@ -359,12 +384,12 @@ def _write_processes(prepared: Prepared, final: Path, overwrite: bool) -> Path:
         _prepare_target(final, overwrite)
         tag = _atomic.new_tag()
         _atomic.sibling(final, "tmp", tag).mkdir()
-        return {"tag": tag, "replace": final.exists() or final.is_symlink()}
+        return {"tag": tag}
 
     outcome = _leader_step(start)
     if outcome["error"] is not None:
         raise _leader_error(outcome, final)
-    tag, replace = outcome["tag"], outcome["replace"]
+    tag = outcome["tag"]
     staging = _atomic.sibling(final, "tmp", tag)
     # Arrays each process holds whole (numpy, single-device) are saved from process
     # 0's copy, as Orbax saves numpy arrays; as jax arrays every process would write them.
@@ -388,7 +413,10 @@ def _write_processes(prepared: Prepared, final: Path, overwrite: bool) -> Path:
         def finish() -> dict:
             _metafile.write(staging, _body(prepared, crcs, shard_crcs))
             _atomic.fsync_dir(staging)
-            _atomic.commit(staging, final, tag, replace=replace)
+            try:
+                _atomic.commit(staging, final, tag, overwrite)
+            except FileExistsError:
+                raise _taken(final) from None
             return {}
 
         outcome = _leader_step(finish)

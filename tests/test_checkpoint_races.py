@@ -1,0 +1,165 @@
+"""Racing saves: without overwrite exactly one wins, with it the last is kept; nothing is lost.
+
+Real threads and real processes (``tests/_save_races.py``); deterministic
+interleavings pin the window in which a save used to replace another.
+``benchmarks/save_races.py`` runs the same scenarios many times.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jmodule.serialization as jms
+from jmodule.checkpoint import CheckpointManager
+from jmodule.serialization import _atomic, _directory
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _save_races
+
+
+def test_two_threads_saving_one_new_path_exactly_one_wins(tmp_path):
+    for trial in range(8):
+        d = tmp_path / str(trial)
+        d.mkdir()
+        out = _save_races.thread_trial(d)
+        assert sorted(out.results) == ["exists", "ok"], out
+        assert out.on_disk == out.results.index("ok") and out.intact, out
+        assert out.leftovers == []
+
+
+def _paused(monkeypatch, slow: str, until: threading.Event) -> None:
+    """Make the thread named ``slow`` wait for ``until`` before Orbax writes its arrays."""
+    save_arrays = _directory._save_arrays
+
+    def wait_then_save(staging, stored):
+        if threading.current_thread().name == slow:
+            assert until.wait(60)
+        save_arrays(staging, stored)
+
+    monkeypatch.setattr(_directory, "_save_arrays", wait_then_save)
+
+
+def test_a_save_that_finds_its_path_taken_at_commit_loses_and_leaves_nothing(tmp_path, monkeypatch):
+    # A passes the existence check, then B saves the same path from start to end,
+    # then A commits: A must lose (it used to replace B's checkpoint and succeed).
+    path = tmp_path / "ckpt"
+    b_done = threading.Event()
+    _paused(monkeypatch, "A", b_done)
+    errors = []
+
+    def a():
+        try:
+            jms.save({"who": "A", "w": np.zeros(4)}, path)
+        except Exception as e:  # checked below
+            errors.append(e)
+
+    thread = threading.Thread(target=a, name="A")
+    thread.start()
+    jms.save({"who": "B", "w": np.ones(4)}, path)
+    b_done.set()
+    thread.join(60)
+    (error,) = errors
+    assert isinstance(error, jms.CheckpointExistsError) and isinstance(error, FileExistsError)
+    assert str(path) in str(error) and "another writer" in str(error)
+    assert jms.load(path)["who"] == "B"
+    assert _save_races.hidden(tmp_path) == []
+
+
+def test_racing_overwrites_all_succeed_and_the_last_to_commit_is_kept(tmp_path, monkeypatch):
+    # A moves the old checkpoint aside, then B (finding no checkpoint) commits, then
+    # A's rename meets B's checkpoint: A drops the old one, moves B's aside, commits.
+    path = tmp_path / "ckpt"
+    jms.save({"who": "old"}, path)
+    b_done, a_moved = threading.Event(), threading.Event()
+    fsync_dir = _atomic.fsync_dir
+
+    def pause_a_after_its_first_rename(p):
+        fsync_dir(p)
+        first = p == tmp_path and not a_moved.is_set()  # not the flushes of A's staging
+        if threading.current_thread().name == "A" and first:
+            a_moved.set()
+            assert b_done.wait(60)
+
+    monkeypatch.setattr(_atomic, "fsync_dir", pause_a_after_its_first_rename)
+    errors = []
+
+    def a():
+        try:
+            jms.save({"who": "A"}, path, overwrite=True)
+        except Exception as e:  # checked below
+            errors.append(e)
+
+    thread = threading.Thread(target=a, name="A")
+    thread.start()
+    assert a_moved.wait(60)
+    jms.save({"who": "B"}, path, overwrite=True)
+    b_done.set()
+    thread.join(60)
+    assert errors == []
+    assert jms.load(path)["who"] == "A"
+    assert _save_races.hidden(tmp_path) == []
+
+
+def test_two_threads_overwriting_both_succeed(tmp_path):
+    for trial in range(6):
+        d = tmp_path / str(trial)
+        d.mkdir()
+        out = _save_races.thread_trial(d, overwrite=True)
+        assert out.results == ["ok", "ok"] and out.on_disk in (0, 1) and out.intact, out
+        assert out.leftovers == []
+
+
+def test_two_managers_in_two_processes_never_both_save_a_step(tmp_path):
+    for out in _save_races.manager_race(tmp_path, ("sync", "async"), steps=12):
+        assert out.both_ok == [] and out.none_ok == [], out
+        assert out.wrong == [] and out.leftovers == [], out
+        # Exactly one loser per step, told which step and why.
+        assert len(out.messages) == out.steps, out
+        for message in out.messages:
+            assert "already exists" in message or "by another writer" in message, message
+
+
+def test_a_step_lost_to_another_manager_names_the_step(tmp_path, monkeypatch):
+    rival = CheckpointManager(tmp_path, async_=False)
+    for async_ in (False, True):
+        step = int(async_)
+        manager = CheckpointManager(tmp_path, async_=async_)
+        # The rival commits the step after this manager checked it is free.
+        monkeypatch.setattr(_directory, "_save_arrays", _saving_rival_first(rival, step, tmp_path))
+        if async_:
+            manager.save(step, {"who": "mine"})
+            with pytest.raises(jms.CheckpointExistsError, match=rf"step {step} was saved to"):
+                manager.wait_until_finished()
+        else:
+            with pytest.raises(jms.CheckpointExistsError, match=rf"step {step} was saved to"):
+                manager.save(step, {"who": "mine"})
+        monkeypatch.undo()
+        assert rival.restore(step)["who"] == "rival"
+        manager.close()
+    assert _save_races.hidden(tmp_path) == []
+
+
+def _saving_rival_first(rival: CheckpointManager, step: int, directory: Path):
+    """A ``_save_arrays`` that first lets ``rival`` save ``step`` to the same directory."""
+    save_arrays = _directory._save_arrays
+    state = {"done": False}
+
+    def rival_then_save(staging, stored):
+        if not state["done"] and staging.parent == directory:
+            state["done"] = True
+            rival.save(step, {"who": "rival"})
+        save_arrays(staging, stored)
+
+    return rival_then_save
+
+
+def test_deleting_a_step_another_manager_deleted_is_a_no_op(tmp_path):
+    jms.save({"v": 1}, tmp_path / "3")
+    _atomic.delete(tmp_path / "3")
+    _atomic.delete(tmp_path / "3")  # a second manager pruning the same step
+    assert list(tmp_path.iterdir()) == []
