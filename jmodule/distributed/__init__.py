@@ -16,12 +16,19 @@ every collective (gradient all-reduce or reduce-scatter, weight gathers).
   shardings inside ``forward``.
 - :func:`init` joins a multi-process job (``jax.distributed.initialize``).
 
+The examples in this package's docstrings run on 8 devices; on a CPU, set
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` before JAX starts to
+simulate them (the docstring tests do).
+
 >>> import jax.numpy as jnp, jmodule as jm
 >>> from jmodule.distributed import make_mesh, shard, fsdp, shard_batch
->>> mesh = make_mesh()                       # one "data" axis over all devices
+>>> mesh = make_mesh()                       # one "data" axis over all 8 devices
 >>> model = shard(jm.nn.Linear(8, 4), mesh, fsdp(mesh))
->>> model(shard_batch(jnp.ones((16, 8)), mesh)).shape
-(16, 4)
+>>> model.weight.sharding.spec               # each device holds 1/8 of the weight
+P(None, 'data')
+>>> y = model(shard_batch(jnp.ones((16, 8)), mesh))
+>>> y.shape, y.addressable_shards[0].data.shape
+((16, 4), (2, 4))
 """
 
 from jmodule._sharding import Rules as Rules

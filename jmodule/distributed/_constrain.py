@@ -42,8 +42,9 @@ def constrain(x: Any, spec: PartitionSpec | Sharding, mesh: Mesh | None = None) 
     >>> import jax.numpy as jnp, jmodule as jm
     >>> from jax.sharding import PartitionSpec as P
     >>> mesh = jm.distributed.make_mesh()
-    >>> jm.distributed.constrain(jnp.ones((4, 2)), P("data", None), mesh).sharding.spec
-    P('data', None)
+    >>> x = jm.distributed.constrain(jnp.ones((8, 2)), P("data", None), mesh)
+    >>> x.sharding.spec, x.addressable_shards[0].data.shape
+    (P('data', None), (1, 2))
     """
     if isinstance(spec, PartitionSpec):
         if mesh is not None:

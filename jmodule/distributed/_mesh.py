@@ -47,8 +47,8 @@ def make_mesh(
             names and sizes do not pair up.
 
     >>> import jmodule as jm
-    >>> jm.distributed.make_mesh({"data": -1, "model": 1}).axis_names
-    ('data', 'model')
+    >>> dict(jm.distributed.make_mesh({"data": -1, "model": 2}).shape)  # on 8 devices
+    {'data': 4, 'model': 2}
     """
     devices = list(jax.devices() if devices is None else devices)
     if shape is None:
@@ -91,8 +91,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
     >>> import jmodule as jm
     >>> model = jm.nn.Linear(2, 2).to(jm.distributed.replicated(jm.distributed.make_mesh()))
-    >>> model.weight.sharding.is_fully_replicated
-    True
+    >>> model.weight.sharding.is_fully_replicated, len(model.weight.addressable_shards)
+    (True, 8)
     """
     return NamedSharding(mesh, PartitionSpec())
 
@@ -118,9 +118,9 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | tuple[str, ...] = "data") ->
             divisible by its devices.
 
     >>> import jax.numpy as jnp, jmodule as jm
-    >>> x = jm.distributed.shard_batch(jnp.ones((4, 3)), jm.distributed.make_mesh())
-    >>> x.sharding.spec
-    P('data',)
+    >>> x = jm.distributed.shard_batch(jnp.ones((16, 3)), jm.distributed.make_mesh())
+    >>> x.sharding.spec, x.addressable_shards[0].data.shape  # 2 rows on each of 8 devices
+    (P('data',), (2, 3))
     """
     size = axis_size(mesh, axis)
     local = max(1, size // jax.process_count())

@@ -68,10 +68,10 @@ def fsdp(
         ValueError: ``axis`` is not a mesh axis.
 
     >>> import jmodule as jm
-    >>> mesh = jm.distributed.make_mesh({"data": 1})
-    >>> model = jm.distributed.shard(jm.nn.Linear(4, 6), mesh, jm.distributed.fsdp(mesh))
-    >>> model.weight.sharding.spec
-    P('data',)
+    >>> mesh = jm.distributed.make_mesh({"data": 8})
+    >>> model = jm.distributed.shard(jm.nn.Linear(4, 16), mesh, jm.distributed.fsdp(mesh))
+    >>> model.weight.sharding.spec, model.weight.addressable_shards[0].data.shape
+    (P('data',), (2, 4))
     """
     return [("*", _Fsdp(axis, axis_size(mesh, axis), min_size))]
 
@@ -151,12 +151,14 @@ def tensor_parallel(
         ValueError: ``axis`` is not a mesh axis, or a plan style is unknown.
 
     >>> import jmodule as jm
-    >>> mesh = jm.distributed.make_mesh({"model": 1})
+    >>> mesh = jm.distributed.make_mesh({"data": 2, "model": 4})
     >>> mlp = jm.nn.Sequential()
     >>> mlp.fc1, mlp.fc2 = jm.nn.Linear(4, 8), jm.nn.Linear(8, 4)
     >>> _ = jm.distributed.shard(mlp, mesh, jm.distributed.tensor_parallel(mesh))
     >>> mlp.fc1.weight.sharding.spec, mlp.fc2.weight.sharding.spec
     (P('model', None), P(None, 'model'))
+    >>> mlp.fc1.weight.addressable_shards[0].data.shape  # rows split over "model"
+    (2, 4)
     """
     axis_size(mesh, axis)
     rules: list[tuple[str, Spec]] = []

@@ -74,8 +74,19 @@ def init(
             in this process.
         ValueError: settings missing and not detectable, or malformed.
 
-    >>> import jmodule as jm
-    >>> jm.distributed.init("10.0.0.1:1234", num_processes=2, process_id=0)  # doctest: +SKIP
+    In each process of a two-process job, first thing (here process 0)::
+
+        import jmodule as jm
+        jm.distributed.init("10.0.0.1:1234", num_processes=2, process_id=0)
+
+    Once JAX has started in a process, it is too late:
+
+    >>> import jax, jmodule as jm
+    >>> _ = jax.devices()
+    >>> jm.distributed.init("10.0.0.1:1234", num_processes=2, process_id=0)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: jm.distributed.init() must run before anything uses JAX devices (creating a model, an array, or calling jax.devices()): call it first in the program.
     """
     if jax.distributed.is_initialized():
         raise RuntimeError(

@@ -40,7 +40,7 @@ def shardings(module: Any, mesh: Mesh, rules: Rules | None = None) -> dict[str, 
 
     >>> import jax, jmodule as jm
     >>> from jax.sharding import PartitionSpec as P
-    >>> mesh = jm.distributed.make_mesh({"model": 1})
+    >>> mesh = jm.distributed.make_mesh({"data": 4, "model": 2})
     >>> s = jm.distributed.shardings(jm.nn.Linear(4, 2), mesh, {"*.weight": P("model")})
     >>> s["weight"].spec, s["bias"].spec
     (P('model',), P())
@@ -80,11 +80,11 @@ def shard(module: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
 
     >>> import jmodule as jm
     >>> from jax.sharding import PartitionSpec as P
-    >>> mesh = jm.distributed.make_mesh({"model": 1})
+    >>> mesh = jm.distributed.make_mesh({"data": 4, "model": 2})
     >>> model = jm.nn.Linear(4, 2)
     >>> _ = jm.distributed.shard(model, mesh, {"*.weight": P("model", None)})
-    >>> model.weight.sharding.spec
-    P('model', None)
+    >>> model.weight.sharding.spec, model.weight.addressable_shards[0].data.shape
+    (P('model', None), (1, 4))
     """
     placements = plan(module, mesh, rules)
     _move(placements)

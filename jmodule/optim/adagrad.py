@@ -38,7 +38,7 @@ def scale_by_root_sum_of_squares(
 
     >>> import jax.numpy as jnp
     >>> tx = scale_by_root_sum_of_squares()
-    >>> tx.update(jnp.array([3.0]), tx.init(jnp.zeros(1)))[0]
+    >>> tx.update(jnp.array([3.0]), tx.init(jnp.zeros(1)))[0].round(4)
     Array([1.], dtype=float32)
     """
 
@@ -81,7 +81,7 @@ class Adagrad(TorchOptimizer):
     >>> opt = jm.optim.Adagrad([w], lr=0.5)
     >>> w.grad = jnp.array([2.0, 4.0])
     >>> opt.step()
-    >>> w.data
+    >>> w.data.round(4)
     Array([-0.5, -0.5], dtype=float32)
     """
 

@@ -364,8 +364,8 @@ def logsigmoid(input: Any) -> jax.Array:
 
     >>> import jax.numpy as jnp
     >>> import jmodule.nn.functional as F
-    >>> F.logsigmoid(jnp.array([100.0]))
-    Array([-0.], dtype=float32)
+    >>> F.logsigmoid(jnp.array([-100.0, 0.0])).round(4)  # log(sigmoid(-100)) underflows
+    Array([-100.    ,   -0.6931], dtype=float32)
     """
     return upcast(jax.nn.log_sigmoid)(as_array(input))
 

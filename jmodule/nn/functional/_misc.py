@@ -566,8 +566,8 @@ def pdist(input: Any, p: float = 2) -> jax.Array:
 
     >>> import jax.numpy as jnp
     >>> import jmodule.nn.functional as F
-    >>> F.pdist(jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]]))
-    Array([5.       , 1.       , 4.2426405], dtype=float32)
+    >>> F.pdist(jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])).round(4)
+    Array([5.    , 1.    , 4.2426], dtype=float32)
     """
     x = as_array(input)
     if x.ndim != 2:

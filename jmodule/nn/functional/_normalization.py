@@ -93,7 +93,7 @@ def rms_norm(
 
     >>> import jax.numpy as jnp
     >>> import jmodule.nn.functional as F
-    >>> F.rms_norm(jnp.array([[2.0, 2.0]]), (2,), eps=0.0)
+    >>> F.rms_norm(jnp.array([[2.0, 2.0]]), (2,), eps=0.0).round(4)
     Array([[1., 1.]], dtype=float32)
     """
     x = check_float(as_array(input), "rms_norm")
@@ -234,8 +234,8 @@ def local_response_norm(
 
     >>> import jax.numpy as jnp
     >>> import jmodule.nn.functional as F
-    >>> F.local_response_norm(jnp.ones((1, 3, 2)), 2, alpha=1.0, beta=1.0)[0, :, 0]
-    Array([0.6666667, 0.5      , 0.5      ], dtype=float32)
+    >>> F.local_response_norm(jnp.ones((1, 3, 2)), 2, alpha=1.0, beta=1.0)[0, :, 0].round(4)
+    Array([0.6667, 0.5   , 0.5   ], dtype=float32)
     """
     x = check_float(as_array(input), "local_response_norm")
     if x.ndim < 3:

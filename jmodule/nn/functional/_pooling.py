@@ -661,7 +661,7 @@ def lp_pool1d(
 
     >>> import jax.numpy as jnp
     >>> import jmodule.nn.functional as F
-    >>> F.lp_pool1d(jnp.array([[3.0, 4.0, 1.0, 0.0]]), 2, 2)
+    >>> F.lp_pool1d(jnp.array([[3.0, 4.0, 1.0, 0.0]]), 2, 2).round(4)
     Array([[5., 1.]], dtype=float32)
     """
     return _lp_pool(1, input, norm_type, kernel_size, stride, ceil_mode)
@@ -696,8 +696,8 @@ def lp_pool3d(
 
     >>> import jax.numpy as jnp
     >>> import jmodule.nn.functional as F
-    >>> F.lp_pool3d(jnp.ones((1, 1, 2, 2, 2)), 2, 2)
-    Array([[[[[2.828427]]]]], dtype=float32)
+    >>> F.lp_pool3d(jnp.ones((1, 1, 2, 2, 2)), 2, 2).round(4)
+    Array([[[[[2.8284]]]]], dtype=float32)
     """
     return _lp_pool(3, input, norm_type, kernel_size, stride, ceil_mode)
 

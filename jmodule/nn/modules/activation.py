@@ -409,8 +409,8 @@ class LogSigmoid(_NoArgs):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> nn.LogSigmoid()(jnp.array([100.0]))
-    Array([-0.], dtype=float32)
+    >>> nn.LogSigmoid()(jnp.array([-100.0]))
+    Array([-100.], dtype=float32)
     """
 
     def forward(self, input: Any) -> jax.Array:

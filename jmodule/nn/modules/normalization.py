@@ -105,7 +105,7 @@ class RMSNorm(Module):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> nn.RMSNorm(2, eps=0.0)(jnp.array([[1.0, 1.0]]))
+    >>> nn.RMSNorm(2, eps=0.0)(jnp.array([[1.0, 1.0]])).round(4)
     Array([[1., 1.]], dtype=float32)
     """
 

@@ -361,7 +361,7 @@ class LPPool1d(_LPPoolNd):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> nn.LPPool1d(2, 2)(jnp.array([[3.0, 4.0, 1.0, 0.0]]))
+    >>> nn.LPPool1d(2, 2)(jnp.array([[3.0, 4.0, 1.0, 0.0]])).round(4)
     Array([[5., 1.]], dtype=float32)
     """
 

@@ -60,9 +60,9 @@ class SyncBatchNorm(_BatchNorm):
     >>> bn = jm.nn.SyncBatchNorm(1)
     >>> x = jnp.array([[[0.0], [2.0]], [[4.0], [6.0]]])  # 2 replicas x local batch (2, 1)
     >>> per_replica = lambda xs: jm.func.functional_call(bn, {}, xs)
-    >>> jax.vmap(per_replica, axis_name="data")(x)[:, :, 0]  # normalised by the global batch
-    Array([[-1.3416394 , -0.44721314],
-           [ 0.44721314,  1.3416394 ]], dtype=float32)
+    >>> jax.vmap(per_replica, axis_name="data")(x)[:, :, 0].round(4)  # by the global batch
+    Array([[-1.3416, -0.4472],
+           [ 0.4472,  1.3416]], dtype=float32)
     """
 
     def __init__(
