@@ -8,7 +8,6 @@ two-process test starts ``_dist_process.py`` twice.
 """
 
 import ast
-import doctest
 import gc
 import math
 import os
@@ -392,30 +391,3 @@ def test_shard_batch_and_shard_type_errors():
         dist.shard(nn.Linear(2, 2), "data")
     with pytest.raises(TypeError, match=r"rules are \(pattern, PartitionSpec\) pairs"):
         dist.shard(nn.Linear(2, 2), mesh, ["*.weight"])
-
-
-def test_docstring_examples_run():
-    import jmodule._placement
-    import jmodule._sharding
-    import jmodule.distributed._constrain
-    import jmodule.distributed._mesh
-    import jmodule.distributed._presets
-    import jmodule.distributed._process
-    import jmodule.distributed._rules
-    import jmodule.nn.modules.syncbatchnorm
-
-    modules = [
-        jmodule._placement,
-        jmodule._sharding,
-        jmodule.distributed,
-        jmodule.distributed._constrain,
-        jmodule.distributed._mesh,
-        jmodule.distributed._presets,
-        jmodule.distributed._process,
-        jmodule.distributed._rules,
-        jmodule.nn.modules.syncbatchnorm,
-    ]
-    for module in modules:
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0, module.__name__
-        assert result.attempted > 0, module.__name__

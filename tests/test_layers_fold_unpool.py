@@ -6,8 +6,6 @@ compared directly (values, gradients of a random cotangent, values under
 unbatched inputs and PyTorch's errors.
 """
 
-import doctest
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -290,11 +288,7 @@ NEW_PUBLIC = [
 
 
 @pytest.mark.parametrize("name", NEW_PUBLIC)
-def test_docstring_examples_run(name):
+def test_new_public_names_have_docstring_examples(name):
+    # tests/test_docstrings.py runs them, with every other example of the package.
     obj = getattr(F, name, None) or getattr(jm.nn, name)
-    tests = doctest.DocTestFinder(recurse=False).find(obj, name, globs={})
-    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
-    for test in tests:
-        runner.run(test)
-    result = runner.summarize(verbose=False)
-    assert result.failed == 0 and result.attempted > 0
+    assert ">>>" in (obj.__doc__ or ""), name

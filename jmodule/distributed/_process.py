@@ -86,7 +86,8 @@ def init(
     >>> jm.distributed.init("10.0.0.1:1234", num_processes=2, process_id=0)
     Traceback (most recent call last):
     ...
-    RuntimeError: jm.distributed.init() must run before anything uses JAX devices (creating a model, an array, or calling jax.devices()): call it first in the program.
+    RuntimeError: jm.distributed.init() must run before anything uses JAX devices (creating
+    a model, an array, or calling jax.devices()): call it first in the program.
     """
     if jax.distributed.is_initialized():
         raise RuntimeError(

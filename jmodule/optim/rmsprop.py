@@ -76,7 +76,7 @@ class RMSprop(TorchOptimizer):
     >>> opt = jm.optim.RMSprop([w], lr=0.1, alpha=0.75)
     >>> w.grad = jnp.ones(2)
     >>> opt.step()
-    >>> w.data.round(4)
+    >>> w.data
     Array([-0.2, -0.2], dtype=float32)
     """
 
