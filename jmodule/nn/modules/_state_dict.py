@@ -8,12 +8,14 @@ snapshot is put back before one error listing every problem is raised.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jmodule._device import is_meta
@@ -48,6 +50,84 @@ def _is_loadable(value: Any) -> bool:
 
 def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value.shape)
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.startswith("torch")
+
+
+def _is_meta_value(value: Any) -> bool:
+    """Whether ``value`` (a jmodule, jax or torch value) is a meta tensor: no data."""
+    src = state.peek(value) if state.is_cell(value) else value
+    return isinstance(src, jax.ShapeDtypeStruct) or (_is_torch(src) and src.is_meta)
+
+
+def _dtype(value: Any) -> Any:
+    """``value``'s dtype as a numpy dtype (torch's mapped by name), or None if unknown."""
+    if not _is_torch(value):
+        return np.dtype(value.dtype)
+    try:
+        return jnp.dtype(str(value.dtype).removeprefix("torch."))
+    except TypeError:
+        return None
+
+
+_NOT_NUMBERS = {"U": "strings", "S": "bytes", "O": "Python objects", "M": "datetimes"}
+
+
+def _value_problem(value: Any, current: Any, assign: bool) -> str | None:
+    """Why ``value`` cannot be loaded into ``current``, or None.
+
+    Checked for every key before anything is kept, so that one error names
+    every bad key: a value with no data (a meta tensor, a deleted or donated
+    ``jax.Array``), one that is not numbers (a numpy string or object array),
+    or integers that the parameter's dtype cannot hold (``int64`` 2**40 into an
+    ``int32`` buffer: JAX without ``jax_enable_x64`` has no ``int64``, and
+    overflow is not a cast).
+    """
+    src = state.peek(value) if state.is_cell(value) else value
+    if _is_meta_value(value):
+        if is_meta(current) and not assign:
+            return None  # meta into meta copies nothing, as in PyTorch
+        return "Cannot copy out of meta tensor; no data!"
+    if isinstance(src, jax.Array) and src.is_deleted():
+        return (
+            "the jax.Array in the checkpoint has been deleted (by .delete(), or donated to a "
+            "compiled step that consumed it): it has no data"
+        )
+    dtype = _dtype(src)
+    if dtype is None:
+        return None
+    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        what = _NOT_NUMBERS.get(dtype.kind, "records")
+        return f"the checkpoint holds an array of {what} (dtype {dtype}), not numbers"
+    like = state.peek(current) if state.is_cell(current) else current
+    target = jax.dtypes.canonicalize_dtype(dtype) if assign else np.dtype(like.dtype)
+    if target == dtype or not jnp.issubdtype(target, jnp.integer) or src.size == 0:
+        return None
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return None  # complex into integer: astype's cast (PyTorch's drops the imaginary part)
+    if isinstance(src, jax.Array) and not src.is_fully_addressable:
+        return None  # other processes hold part of it; each checks its own
+    lo, hi = src.min().item(), src.max().item()
+    info = jnp.iinfo(target)
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo < info.min or hi > info.max:
+        bad = lo if not math.isfinite(lo) or lo < info.min else hi
+        x64 = "" if jax.config.jax_enable_x64 else " (jax_enable_x64 is off: no 64-bit integers)"
+        return (
+            f"the checkpoint holds {bad} ({dtype}), which {target}{x64} cannot hold: loading it "
+            f"would overflow [{info.min}, {info.max}], not cast"
+        )
+    return None
+
+
+def _copy_error(key: str, current: Any, value: Any, problem: Any) -> str:
+    """PyTorch's message for a value that could not be copied (its own words for meta)."""
+    return (
+        f'While copying the parameter named "{key}", whose dimensions in the model are '
+        f"{_shape(current)} and whose dimensions in the checkpoint are {_shape(value)}, an "
+        f"exception occurred : {problem}."
+    )
 
 
 def _place_like(value: Any, like: Any) -> jax.Array:
@@ -223,6 +303,10 @@ class StateDictMixin:
                     f"array or torch.Tensor from checkpoint but received {type(value)}"
                 )
                 continue
+            problem = _value_problem(value, current, assign)
+            if problem is not None:
+                error_msgs.append(_copy_error(key, current, value, (problem,)))
+                continue
             if len(current.shape) == 0 and len(value.shape) == 1 and value.shape[0] == 1:
                 value = value[0]  # PyTorch's backward-compatibility rule
             if _shape(value) != _shape(current):
@@ -231,7 +315,10 @@ class StateDictMixin:
                     f"from checkpoint, the shape in current model is {_shape(current)}."
                 )
                 continue
-            self._load_one(name, current, value, assign, key)
+            try:
+                self._load_one(name, current, value, assign, key)
+            except Exception as ex:  # as PyTorch: listed with the other problems, key named
+                error_msgs.append(_copy_error(key, current, value, ex.args))
         extra_key = prefix + "_extra_state"
         if self._takes_extra_state():
             if extra_key in state_dict:
@@ -264,6 +351,8 @@ class StateDictMixin:
                 self._buffers[name] = arr
             return
         if is_meta(current):
+            if _is_meta_value(value):
+                return  # meta into meta: nothing to copy, as in PyTorch
             warnings.warn(
                 f"for {key}: copying from a non-meta parameter in the checkpoint to a meta "
                 "parameter in the current model, which is a no-op. (Did you mean to pass "
@@ -287,7 +376,12 @@ class StateDictMixin:
         to each parameter's dtype and placed on its device (``assign=True``
         takes them as they are). Everything is checked before anything is
         kept: on error the module is unchanged and one ``RuntimeError`` lists
-        every missing key, unexpected key and size mismatch.
+        every missing key, unexpected key, size mismatch and value that cannot
+        be loaded, naming its key: a meta tensor or a deleted (donated)
+        ``jax.Array`` (no data), a numpy string or object array, or integers
+        the parameter's dtype cannot hold. Unlike PyTorch, which wraps them,
+        out-of-range integers raise: with x64 off (JAX's default) an ``int64``
+        ``num_batches_tracked`` becomes ``int32``, and 2**40 does not fit.
 
         Args:
             state_dict: mapping of PyTorch-style keys to arrays.
@@ -299,7 +393,23 @@ class StateDictMixin:
             ``IncompatibleKeys(missing_keys, unexpected_keys)``.
 
         Raises:
-            RuntimeError: size mismatches, or missing/unexpected keys with strict.
+            RuntimeError: size mismatches, values that cannot be loaded, or
+                missing/unexpected keys with strict.
+
+        >>> import numpy as np
+        >>> from jmodule import nn
+        >>> bn = nn.BatchNorm1d(2)
+        >>> bn.load_state_dict({**bn.state_dict(), "num_batches_tracked": np.array(2**40)})
+        Traceback (most recent call last):
+        ...
+        RuntimeError: Error(s) in loading state_dict for BatchNorm1d:
+            While copying the parameter named "num_batches_tracked", whose dimensions in the
+            model are () and whose dimensions in the checkpoint are (), an exception occurred :
+            ('the checkpoint holds 1099511627776 (int64), which int32 (jax_enable_x64 is off: no
+            64-bit integers) cannot hold: loading it would overflow [-2147483648, 2147483647],
+            not cast',).
+        >>> int(bn.num_batches_tracked)  # unchanged
+        0
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
