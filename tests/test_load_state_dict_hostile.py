@@ -173,3 +173,15 @@ def test_meta_into_meta_copies_nothing_as_in_torch():
     meta = {k: torch.empty(tuple(v.shape), device="meta") for k, v in t.state_dict().items()}
     assert j.load_state_dict(meta) == ([], [])
     assert jm.is_meta(j.weight) and jm.is_meta(j.bias)
+
+
+@pytest.mark.parametrize("make", [lambda: np.zeros(0, np.int64), lambda: torch.zeros(0).long()])
+def test_an_empty_int64_array_loads_into_an_empty_int32_buffer(make):
+    class Ids(jm.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("ids", jnp.zeros((0,), jnp.int32))
+
+    m = Ids()
+    assert m.load_state_dict({"ids": make()}) == ([], [])
+    assert m.ids.shape == (0,) and m.ids.dtype == jnp.int32

@@ -103,7 +103,7 @@ def _value_problem(value: Any, current: Any, assign: bool) -> str | None:
         return f"the checkpoint holds an array of {what} (dtype {dtype}), not numbers"
     like = state.peek(current) if state.is_cell(current) else current
     target = jax.dtypes.canonicalize_dtype(dtype) if assign else np.dtype(like.dtype)
-    if target == dtype or not jnp.issubdtype(target, jnp.integer) or src.size == 0:
+    if target == dtype or not jnp.issubdtype(target, jnp.integer) or 0 in src.shape:
         return None
     if jnp.issubdtype(dtype, jnp.complexfloating):
         return None  # complex into integer: astype's cast (PyTorch's drops the imaginary part)
