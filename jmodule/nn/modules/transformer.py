@@ -97,7 +97,7 @@ class TransformerEncoderLayer(Module):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True)
+    >>> layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
     >>> layer(jnp.ones((3, 5, 8))).shape
     (3, 5, 8)
     """
@@ -186,7 +186,7 @@ class TransformerDecoderLayer(Module):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> layer = nn.TransformerDecoderLayer(8, 2, dim_feedforward=16)
+    >>> layer = nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.0)
     >>> layer(jnp.ones((4, 2, 8)), jnp.ones((6, 2, 8))).shape
     (4, 2, 8)
     """
@@ -293,7 +293,7 @@ class TransformerEncoder(Module):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16)
+    >>> layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0)
     >>> nn.TransformerEncoder(layer, num_layers=2)(jnp.ones((5, 3, 8))).shape
     (5, 3, 8)
     """
@@ -344,7 +344,7 @@ class TransformerDecoder(Module):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> layer = nn.TransformerDecoderLayer(8, 2, dim_feedforward=16)
+    >>> layer = nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.0)
     >>> nn.TransformerDecoder(layer, 2)(jnp.ones((4, 2, 8)), jnp.ones((6, 2, 8))).shape
     (4, 2, 8)
     """
@@ -399,7 +399,7 @@ class Transformer(Module):
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
-    >>> model = nn.Transformer(8, 2, 1, 1, dim_feedforward=16)
+    >>> model = nn.Transformer(8, 2, 1, 1, dim_feedforward=16, dropout=0.0)
     >>> model(jnp.ones((5, 2, 8)), jnp.ones((4, 2, 8))).shape
     (4, 2, 8)
     """
