@@ -90,6 +90,8 @@ def _value_problem(value: Any, current: Any, assign: bool) -> str | None:
         if is_meta(current) and not assign:
             return None  # meta into meta copies nothing, as in PyTorch
         return "Cannot copy out of meta tensor; no data!"
+    if isinstance(src, jax.core.Tracer):
+        return None  # no value to check; copying it reports what goes wrong
     if isinstance(src, jax.Array) and src.is_deleted():
         return (
             "the jax.Array in the checkpoint has been deleted (by .delete(), or donated to a "
