@@ -24,7 +24,11 @@ before the call).
 * ``jit-*``: a ``jm.jit`` file whose header (or program) was rewritten with
   recomputed digests; the load and the first call both count.
 
-Run: ``python benchmarks/hostile_files.py [--repeats 3] [--only dag-20,view]``.
+Each row ends with the baseline the issue quotes for that scenario (measured
+on main before the fix; "-" where the issue quotes none). ``--root DIR`` runs
+the loads against another checkout (e.g. main) to measure that baseline here.
+
+Run: ``python benchmarks/hostile_files.py [--repeats 3] [--only dag-20,view] [--root DIR]``.
 """
 
 from __future__ import annotations
@@ -63,16 +67,24 @@ CHILD = textwrap.dedent(
         return 0
 
     kind, path = sys.argv[1:]
+    try:  # reset the peak (VmHWM) to the current RSS, so that the import's peak does not count
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
     before = rss("VmRSS:")
     start = time.perf_counter()
+    stage = "load"
     try:
         if kind == "jit":
-            jm.jit.load(path)(jnp.ones((4, 6)))
+            program = jm.jit.load(path)
+            stage = "first call"
+            program(jnp.ones((4, 6)))
         else:
             jm.load(path)
         outcome = "loaded"
     except Exception as e:
-        outcome = f"{type(e).__name__}: {str(e)[:160]}"
+        outcome = f"{stage}: {type(e).__name__}: {str(e)[:120]}"
     seconds = time.perf_counter() - start
     print(json.dumps({"outcome": outcome, "seconds": seconds,
                       "grew": rss("VmHWM:") - before}), flush=True)
@@ -91,15 +103,16 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def _run(kind: str, path: Path, cap: int, timeout: float) -> dict:
+def _run(kind: str, path: Path, cap: int, timeout: float, root: Path) -> dict:
     """One load in a fresh interpreter, killed past ``cap`` bytes of RSS or ``timeout``."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, kind, str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=root,  # python -c puts the working directory first on sys.path
     )
     start, peak = time.monotonic(), 0
     while proc.poll() is None:
@@ -311,6 +324,26 @@ def jit_program(directory: Path) -> tuple[str, Path]:
     return "jit", path
 
 
+#: What issue 14 measured on main for each scenario (the baseline).
+BASELINE = {
+    "dag-20": "5.8 s, +443 MB (703-byte file)",
+    "dag-40": "killed at 1.5 GiB (depth 22-40)",
+    "view": "loaded as 514 MB",
+    "deflate": "inflated to ~500 MB, then refused",
+    "json-safetensors": "RecursionError",
+    "json-index": "RecursionError",
+    "json-jmodule.json": "RecursionError",
+    "json-jit": "RecursionError",
+    "hub-cache": "refused: shard outside its own directory",
+    "fifo-jmodule.json": "blocks forever",
+    "zero-jmodule.json": "memory grows without bound",
+    "fifo-pt": "-",
+    "zero-safetensors": "-",
+    "fifo-jit": "-",
+    "jit-header": "loads; first call: KeyError 'tuple'",
+    "jit-program": "loads; first call: Failed to deserialize StableHLO",
+}
+
 SCENARIOS = {
     "dag-20": lambda d: dag(d, 20),
     "dag-40": lambda d: dag(d, 40),
@@ -331,29 +364,41 @@ SCENARIOS = {
 }
 
 
+def _short(outcome: str, work: Path) -> str:
+    """An outcome without the scenario directory's path."""
+    return outcome.replace(f"{work}/", "")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cap-mb", type=float, default=1536, help="kill a load past this RSS")
     parser.add_argument("--timeout", type=float, default=30.0, help="kill a load after this")
     parser.add_argument("--only", default="", help="comma-separated scenario names")
+    parser.add_argument("--root", default=str(ROOT), help="the checkout whose jmodule loads")
+    parser.add_argument("--width", type=int, default=90, help="outcome column width")
     args = parser.parse_args()
+    root = Path(args.root).resolve()
     names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
     work = Path(tempfile.mkdtemp(prefix="jm-hostile-"))
     try:
-        print(f"{'scenario':<18} {'size':>9} {'median s':>9} {'max +MiB':>9}  outcome")
+        print(f"jmodule from {root}; {args.repeats} fresh interpreter(s) per scenario")
+        print(
+            f"{'scenario':<18} {'size':>9} {'median s':>9} {'max +MiB':>9}  "
+            f"{'outcome':<{args.width}}  baseline (issue 14)"
+        )
         for name in names:
             d = work / name
             d.mkdir()
             kind, path = SCENARIOS[name](d)
             size = path.stat().st_size if path.is_file() else 0
-            runs = [_run(kind, path, int(args.cap_mb * 2**20), args.timeout)]
-            runs += [_run(kind, path, int(args.cap_mb * 2**20), args.timeout)
-                     for _ in range(args.repeats - 1)]  # fmt: skip
-            outcomes = sorted({r["outcome"] for r in runs})
+            cap = int(args.cap_mb * 2**20)
+            runs = [_run(kind, path, cap, args.timeout, root) for _ in range(args.repeats)]
+            outcome = " | ".join(sorted({_short(r["outcome"], work) for r in runs}))
             print(
                 f"{name:<18} {size:>9} {statistics.median(r['seconds'] for r in runs):>9.3f} "
-                f"{max(r['grew'] for r in runs) / 2**20:>9.1f}  {' | '.join(outcomes)}",
+                f"{max(r['grew'] for r in runs) / 2**20:>9.1f}  "
+                f"{outcome[: args.width]:<{args.width}}  {BASELINE[name]}",
                 flush=True,
             )
     finally:

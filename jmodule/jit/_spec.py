@@ -101,9 +101,9 @@ def _check_static(spec: dict[str, Any]) -> None:
         "int": lambda: type(value) is int,
         "str": lambda: type(value) is str,
         "float": lambda: type(value) in number or type(value) is str,
-        "complex": lambda: isinstance(value, list)
-        and len(value) == 2
-        and all(type(v) in number for v in value),
+        "complex": lambda: (
+            isinstance(value, list) and len(value) == 2 and all(type(v) in number for v in value)
+        ),
     }.get(kind)
     if ok is None or not ok():
         raise ValueError(f"a malformed compile-time constant {str(spec)[:80]}")

@@ -48,7 +48,9 @@ def _array_info(info: Any, what: str) -> None:
     try:
         jax.numpy.dtype(info["dtype"])
     except TypeError:
-        raise ValueError(f"{what} '{info['name']}' has an unknown dtype {info['dtype']!r}") from None
+        raise ValueError(
+            f"{what} '{info['name']}' has an unknown dtype {info['dtype']!r}"
+        ) from None
 
 
 def check_meta(meta: dict[str, Any], parts: Mapping[str, Any], where: str) -> None:

@@ -136,6 +136,15 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
     as ``jax.Array``; 64-bit data becomes 32-bit while JAX's x64 mode is off,
     as everywhere in JAX.
 
+    Files are treated as untrusted: only regular files are read (a symlink
+    to one is fine, e.g. a Hugging Face hub cache's ``snapshots/<rev>/``
+    links into ``blobs/``; shard names in an index may not leave its
+    directory); JSON (headers, indexes, ``jmodule.json``) may nest at most
+    256 levels; containers a pickle shares stay shared; a PyTorch file's
+    tensors may take at most 16x the bytes of its storages (or 64 MiB); and
+    a compressed zip record is refused before it inflates past what its
+    storage needs. Each refusal is a :class:`CorruptCheckpointError`.
+
     Args:
         path: the checkpoint directory or file.
         map_location: where arrays land, as ``Module.to`` takes it: a device
