@@ -216,6 +216,8 @@ def _fake_readonly(root: Path) -> None:
     def inside(path, dir_fd=None) -> bool:
         if dir_fd is not None:
             return True  # shutil.rmtree's relative deletes; nothing else here uses dir_fd
+        if isinstance(path, int):
+            return False  # a descriptor already open (os.fdopen): its os.open was guarded
         return os.path.realpath(os.fspath(path)).startswith(top)
 
     def refuse(path):

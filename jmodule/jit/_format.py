@@ -12,7 +12,11 @@ Layout (all integers little-endian)::
 Reading checks, in order: the magic, the format version, the header digest,
 the header, the total length, then the sha256 of every part, and only then
 hands anything to a parser. ``jax.export.deserialize`` can abort the process
-on a damaged artifact, so nothing reaches it unverified.
+on a damaged artifact, so nothing reaches it unverified. Digests guard
+against damage, not against a file rewritten on purpose: only regular files
+are read, the header's JSON may nest at most ``MAX_JSON_DEPTH`` levels (a
+header jm writes is refused at save time if it would nest deeper), and
+``_io.load`` checks the header's structure against the program.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from jmodule.jit._errors import IncompatibleVersionError, ProgramFileError
+from jmodule import _untrusted
+from jmodule.jit._errors import IncompatibleVersionError, JitError, ProgramFileError
 from jmodule.serialization._errors import saving
 
 MAGIC = b"\x89JMJIT\r\n"
@@ -51,6 +56,13 @@ def encode(meta: Mapping[str, Any], parts: Mapping[str, bytes]) -> bytes:
         )
         offset += len(data)
     header = json.dumps({"meta": meta, "parts": table, "data_length": offset}).encode()
+    depth = _untrusted.json_depth(header)
+    if depth > _untrusted.MAX_JSON_DEPTH:
+        raise JitError(
+            f"Cannot save the program: its description nests {depth} levels deep (deeply "
+            f"nested inputs, outputs or extra state), more than the "
+            f"{_untrusted.MAX_JSON_DEPTH} jm.jit.load reads. Flatten those structures."
+        )
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header))
     digest = hashlib.sha256(prefix + header).digest()
     return b"".join([prefix, header, digest, *parts.values()])
@@ -82,9 +94,11 @@ def read_bytes(f: str | os.PathLike | BinaryIO) -> tuple[bytes, str]:
     """The bytes of a path or binary file object, and a name for messages."""
     if isinstance(f, (str, os.PathLike)):
         path = os.fspath(f)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"No jm.jit program file at '{path}'")
-        with open(path, "rb") as src:
+        try:
+            src = _untrusted.open_regular(path, ProgramFileError)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"No jm.jit program file at '{path}'") from None
+        with src:
             return src.read(), f"'{path}'"
     name = getattr(f, "name", None)
     where = f"'{name}'" if isinstance(name, str) else "the file object"
@@ -98,7 +112,8 @@ def decode(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, memoryvie
     """``(meta, parts)`` of a program file, after verifying every checksum.
 
     Raises:
-        ProgramFileError: not a program file, truncated, or any checksum fails.
+        ProgramFileError: not a program file, truncated, any checksum fails, or
+            the header is not a well-formed table of parts.
         IncompatibleVersionError: written in a newer format.
     """
     if len(data) < len(MAGIC) or data[: len(MAGIC)] != MAGIC:
@@ -127,12 +142,36 @@ def decode(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, memoryvie
             f"{where} is corrupted: the checksum of its header does not match. The file "
             "was damaged after it was written; save it again."
         )
+    header = _untrusted.loads_json(
+        data[_PREFIX.size : body],
+        f"the header of {where}",
+        ProgramFileError,
+        max_bytes=_MAX_HEADER,
+        advice="It was rewritten or damaged; save the program again.",
+    )
     try:
-        header = json.loads(data[_PREFIX.size : body].decode())
+        if not isinstance(header, dict):
+            raise TypeError("not an object")
         table = header["parts"]
-        data_length = int(header["data_length"])
+        data_length = header["data_length"]
         meta = header["meta"]
-    except (ValueError, KeyError, TypeError) as e:  # checksum passed: a writer bug
+        if not isinstance(meta, dict):
+            raise TypeError("its metadata is not an object")
+        if type(data_length) is not int or data_length < 0:
+            raise ValueError(f"bad data length {data_length!r}")
+        if not isinstance(table, list):
+            raise TypeError("its table of parts is not a list")
+        for entry in table:
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("sha256"), str)
+                and all(type(entry.get(k)) is int and entry[k] >= 0 for k in ("offset", "length"))
+            ):
+                raise ValueError(f"bad table entry {str(entry)[:100]}")
+        if len({entry["name"] for entry in table}) != len(table):
+            raise ValueError("two parts have the same name")
+    except (ValueError, KeyError, TypeError) as e:  # digests passed: a writer bug or a rewrite
         raise ProgramFileError(f"{where} has an unreadable header ({e}).") from None
     start = body + _DIGEST
     if len(data) < start + data_length:
@@ -145,8 +184,8 @@ def decode(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, memoryvie
     view = memoryview(data)
     parts: dict[str, memoryview] = {}
     for entry in table:
-        lo = start + int(entry["offset"])
-        hi = lo + int(entry["length"])
+        lo = start + entry["offset"]
+        hi = lo + entry["length"]
         if hi > start + data_length:
             raise ProgramFileError(f"{where} is corrupted: part '{entry['name']}' is out of range.")
         chunk = view[lo:hi]

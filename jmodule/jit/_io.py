@@ -11,6 +11,7 @@ whose ``state_dict()`` has the original's keys.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -20,7 +21,8 @@ from typing import Any, BinaryIO
 import jax
 import numpy as np
 
-from jmodule.jit import _format
+from jmodule._lowering import structure
+from jmodule.jit import _format, _validate
 from jmodule.jit._code import ConstMap
 from jmodule.jit._errors import IncompatibleVersionError, JitError, ProgramFileError
 from jmodule.jit._restored import LoadedProgram, restore_tree
@@ -54,7 +56,7 @@ class Loaded:
 def _array(data: memoryview, info: Mapping[str, Any], where: str) -> np.ndarray:
     dtype = np.dtype(jax.numpy.dtype(info["dtype"]))
     shape = tuple(int(d) for d in info["shape"])
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(data) != expected:
         raise ProgramFileError(f"{where} is corrupted: an array part has the wrong size.")
     return np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -103,6 +105,8 @@ def save(
 
 
 def _check_versions(meta: Mapping[str, Any], where: str) -> None:
+    if meta.get("byteorder", sys.byteorder) not in ("little", "big"):
+        raise ProgramFileError(f"{where} has a malformed byte order {meta['byteorder']!r}.")
     if meta.get("byteorder", sys.byteorder) != sys.byteorder:
         raise IncompatibleVersionError(
             f"{where} was written on a {meta['byteorder']}-endian machine; this one is "
@@ -121,6 +125,8 @@ def _check_versions(meta: Mapping[str, Any], where: str) -> None:
         )
     saved = meta.get("serialization_version")
     current = serialization_version()
+    if saved is not None and type(saved) is not int:
+        raise ProgramFileError(f"{where} has a malformed serialization version {saved!r}.")
     if saved is not None and current is not None and saved > current:
         raise IncompatibleVersionError(
             f"{where} was serialized by jax {saved_jax} in jax.export serialization version "
@@ -151,7 +157,10 @@ def load(
             the file lacks are left as they are).
 
     Raises:
-        ProgramFileError: the file is truncated, corrupted or not a program file.
+        ProgramFileError: the file is truncated, corrupted, not a program
+            file, not a regular file (a FIFO, a device), or its header does not
+            describe its program (checked here, with the program's StableHLO
+            parsed, so a rewritten file fails here rather than at its first call).
         IncompatibleVersionError: written by a newer jmodule, or a jax whose
             program versions this jax cannot read.
 
@@ -169,6 +178,7 @@ def load(
     data, where = _format.read_bytes(f)
     meta, parts = _format.decode(data, where)
     _check_versions(meta, where)
+    _validate.check_meta(meta, parts, where)
     try:
         state = {a["name"]: _array(parts[a["part"]], a, where) for a in meta["arrays"]}
         constants = {
@@ -187,10 +197,15 @@ def load(
             f"{where}: this jax ({jax.__version__}) cannot deserialize the program written "
             f"with jax {meta.get('jax_version', '?')}: {e}"
         ) from e
+    _validate.check_program(meta, exported, where)
     # device_put is a plain transfer (jnp.asarray would compile a conversion per shape).
     arrays = {name: jax.device_put(np.array(value)) for name, value in state.items()}
     try:
         root = restore_tree(meta["tree"], arrays)
+        slots = set(structure.describe(root).names)
+        unknown = [n for n in meta["state"][:-1] if n not in slots]
+        if unknown:
+            raise ValueError(f"the program reads {unknown[:4]}, which the tree does not hold")
         program = LoadedProgram(exported, meta)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ProgramFileError(f"{where} describes an inconsistent module tree ({e}).") from None

@@ -113,6 +113,70 @@ def _rg(p: Any) -> bool | None:
     return None if p is None else bool(p.requires_grad)
 
 
+def _pairs(value: Any, what: str, slot: tuple[type, ...], third: tuple[type, ...] | None) -> None:
+    width = 2 if third is None else 3
+    if not isinstance(value, list) or not all(
+        isinstance(x, list)
+        and len(x) == width
+        and isinstance(x[0], str)
+        and isinstance(x[1], slot)
+        and not isinstance(x[1], bool)
+        and (third is None or isinstance(x[2], third))
+        for x in value
+    ):
+        raise ValueError(f"malformed {what}")
+
+
+def check_tree(entries: Any, state: set[str]) -> None:
+    """Check a module tree description from a file before :func:`restore_tree` uses it.
+
+    Args:
+        entries: what :func:`describe_tree` wrote (untrusted).
+        state: the names of the state arrays the file holds.
+
+    Raises:
+        ValueError: a malformed entry, a slot that is not in ``state``, a
+            child index out of range, or a module that contains itself.
+    """
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("no module entries")
+    n = len(entries)
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ValueError(f"module entry {i} is not an object")
+        for key, kind in (("path", str), ("class", str), ("extra_repr", str), ("training", bool)):
+            if not isinstance(e.get(key), kind):
+                raise ValueError(f"module entry {i} has no {kind.__name__} '{key}'")
+        if type(e.get("version")) is not int:
+            raise ValueError(f"module entry {i} has no int 'version'")
+        _pairs(e.get("params"), f"parameters of module {i}", (str, type(None)), (bool, type(None)))
+        _pairs(e.get("buffers"), f"buffers of module {i}", (str, type(None)), (bool,))
+        _pairs(e.get("children"), f"children of module {i}", (int, type(None)), None)
+        for _, slot, *_ in (*e["params"], *e["buffers"]):
+            if slot is not None and slot not in state:
+                raise ValueError(f"module {i} refers to '{slot}', which the file does not hold")
+        for _, child in e["children"]:
+            if child is not None and not 0 < child < n:
+                raise ValueError(f"module {i} has a child index {child} out of range")
+    # Depth-first from the root: a child on the current path would make the tree a cycle.
+    state_of = [0] * n  # 0 unvisited, 1 on the path, 2 done
+    stack = [(0, iter(entries[0]["children"]))]
+    state_of[0] = 1
+    while stack:
+        node, children = stack[-1]
+        for _, child in children:
+            if child is None or state_of[child] == 2:
+                continue
+            if state_of[child] == 1:
+                raise ValueError(f"module {child} contains itself")
+            state_of[child] = 1
+            stack.append((child, iter(entries[child]["children"])))
+            break
+        else:
+            state_of[node] = 2
+            stack.pop()
+
+
 def restore_tree(entries: Sequence[dict[str, Any]], state: dict[str, Any]) -> RestoredModule:
     """Rebuild a module tree from :func:`describe_tree` output and state arrays by name."""
     modules: list[RestoredModule] = []

@@ -86,6 +86,82 @@ def encode(tree: Any, where: str = "") -> dict[str, Any]:
     )
 
 
+def _check_static(spec: dict[str, Any]) -> None:
+    kind = spec["static"]
+    if kind == "none":
+        if set(spec) != {"static"}:
+            raise ValueError("a None constant with a value")
+        return
+    if set(spec) != {"static", "value"}:
+        raise ValueError(f"a constant of kind {kind!r} without a value")
+    value = spec["value"]
+    number = (int, float)
+    ok = {
+        "bool": lambda: type(value) is bool,
+        "int": lambda: type(value) is int,
+        "str": lambda: type(value) is str,
+        "float": lambda: type(value) in number or type(value) is str,
+        "complex": lambda: (
+            isinstance(value, list) and len(value) == 2 and all(type(v) in number for v in value)
+        ),
+    }.get(kind)
+    if ok is None or not ok():
+        raise ValueError(f"a malformed compile-time constant {str(spec)[:80]}")
+    _decode_static(spec)  # float("...") may still refuse
+
+
+def check(spec: Any, inputs: bool = True) -> int:
+    """The number of array leaves of the tree description ``spec``, checking its structure.
+
+    Args:
+        spec: a description from a file (untrusted).
+        inputs: whether compile-time constants may appear (input trees only).
+
+    Raises:
+        ValueError: ``spec`` is not what :func:`encode` writes.
+    """
+    if not isinstance(spec, dict):
+        raise ValueError(f"a tree node is a {type(spec).__name__}, not an object")
+    keys = set(spec)
+    if keys == {"leaf"} and spec["leaf"] is True:
+        return 1
+    if keys == {"none"} and spec["none"] is True:
+        return 0
+    if "static" in keys and inputs:
+        _check_static(spec)
+        return 0
+    if keys in ({"tuple"}, {"list"}):
+        items = spec["tuple" if "tuple" in keys else "list"]
+        if not isinstance(items, list):
+            raise ValueError("a tuple or list node without a list of items")
+        return sum(check(s, inputs) for s in items)
+    if keys == {"dict"}:
+        items = spec["dict"]
+        if not isinstance(items, list) or not all(
+            isinstance(kv, list) and len(kv) == 2 for kv in items
+        ):
+            raise ValueError("a dict node without a list of [key, value] pairs")
+        key_types = {type(k) for k, _ in items}
+        if not (key_types <= {str} or key_types <= {int}) or len({k for k, _ in items}) != len(
+            items
+        ):
+            raise ValueError("a dict node whose keys are not distinct strs or distinct ints")
+        return sum(check(s, inputs) for _, s in items)
+    if keys == {"namedtuple", "fields", "items"}:
+        name, fields, items = spec["namedtuple"], spec["fields"], spec["items"]
+        if not (
+            isinstance(name, str)
+            and isinstance(fields, list)
+            and all(isinstance(f, str) for f in fields)
+            and isinstance(items, list)
+            and len(items) == len(fields)
+        ):
+            raise ValueError("a malformed named tuple node")
+        collections.namedtuple(name, fields)  # ValueError for names it cannot take
+        return sum(check(s, inputs) for s in items)
+    raise ValueError(f"an unknown tree node with keys {sorted(keys)[:5]}")
+
+
 def build(spec: dict[str, Any], leaves: Iterator[Any]) -> Any:
     """Rebuild an output tree from its description and its leaves, in order."""
     if "leaf" in spec:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from jmodule import _untrusted
 from jmodule.serialization import _directory, _errors, _safetensors, _torch_pickle
 from jmodule.serialization._errors import CorruptCheckpointError
 
@@ -102,9 +102,10 @@ def _kind(p: Path) -> str:
         return "directory"  # possibly an overwrite interrupted between its renames
     if _safetensors.is_index(p):
         return "index"
-    with open(p, "rb") as f:
+    with _untrusted.open_regular(p, CorruptCheckpointError) as f:
         head = f.read(16)
-    if _safetensors.looks_like(head, p.stat().st_size):
+        size = os.fstat(f.fileno()).st_size
+    if _safetensors.looks_like(head, size):
         return "safetensors"
     if _torch_pickle.is_torch_file(head):
         return "torch"
@@ -117,7 +118,7 @@ def _kind(p: Path) -> str:
 
 
 def _read_shard(path: Path, verify: bool) -> dict:
-    with open(path, "rb") as f:
+    with _untrusted.open_regular(path, CorruptCheckpointError) as f:
         head = f.read(16)
     if _torch_pickle.is_torch_file(head):
         return _torch_pickle.read_flat(path)
@@ -134,6 +135,15 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
     without PyTorch, refusing any pickle that would run code. Arrays come back
     as ``jax.Array``; 64-bit data becomes 32-bit while JAX's x64 mode is off,
     as everywhere in JAX.
+
+    Files are treated as untrusted: only regular files are read (a symlink
+    to one is fine, e.g. a Hugging Face hub cache's ``snapshots/<rev>/``
+    links into ``blobs/``; shard names in an index may not leave its
+    directory); JSON (headers, indexes, ``jmodule.json``) may nest at most
+    256 levels; containers a pickle shares stay shared; a PyTorch file's
+    tensors may take at most 16x the bytes of its storages (or 64 MiB); and
+    a compressed zip record is refused before it inflates past what its
+    storage needs. Each refusal is a :class:`CorruptCheckpointError`.
 
     Args:
         path: the checkpoint directory or file.
@@ -161,8 +171,10 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
 
     Raises:
         CheckpointNotFoundError: nothing at ``path``.
-        CorruptCheckpointError: damaged, truncated or unrecognised input; the
-            message names the file (and the key, for a checksum mismatch).
+        CorruptCheckpointError: damaged, truncated or unrecognised input, or
+            a path (or a file inside a checkpoint) that is not a regular file
+            (a FIFO, a device); the message names the file (and the key, for a
+            checksum mismatch).
         UnsafePickleError: a PyTorch pickle that would run code.
 
     >>> import tempfile, jax.numpy as jnp, jmodule as jm
@@ -200,9 +212,8 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     if kind == "safetensors":
         return _safetensors.read_metadata(p)
     if kind == "index":
-        try:
-            meta = json.loads(p.read_text()).get("metadata") or {}
-        except (ValueError, AttributeError) as e:
-            raise CorruptCheckpointError(f"'{p}' is not a valid checkpoint index: {e}") from None
+        meta = _safetensors.read_index_json(p).get("metadata") or {}
+        if not isinstance(meta, dict):
+            raise CorruptCheckpointError(f"'{p}' is not a valid checkpoint index: bad metadata")
         return {str(k): str(v) for k, v in meta.items()}
     return {}  # PyTorch files carry none

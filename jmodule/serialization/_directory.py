@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule import _untrusted
 from jmodule.serialization import _atomic, _checksum, _errors, _metafile, _tree
 from jmodule.serialization._errors import (
     CheckpointError,
@@ -521,6 +522,10 @@ def _read_arrays(src: Path, entries: list[_Entry], place: MapLocation) -> dict[s
     wanted = [e for e in entries if e.stored is not None]
     if not wanted:
         return {}
+    try:  # Orbax would block on a FIFO and read a device without end
+        _untrusted.walk_regular(src / ARRAYS, CorruptCheckpointError)
+    except FileNotFoundError:
+        pass  # Orbax names what is missing
     ocp, checkpointer = _checker()
     args = {}
     for e in wanted:

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jmodule import _untrusted
 from jmodule.serialization import _atomic, _checksum
 from jmodule.serialization._errors import (
     CheckpointExistsError,
@@ -31,6 +32,8 @@ ORDER = "jmodule.order"
 CRC = "jmodule.checksums"
 _RESERVED = "jmodule."
 _MAX_HEADER = 100_000_000  # the safetensors library's own limit
+#: The largest ``*.index.json`` jm reads.
+MAX_INDEX_BYTES = 64 << 20
 
 
 def _fatal(e: BaseException) -> bool:
@@ -121,8 +124,8 @@ def looks_like(head: bytes, size: int) -> bool:
 
 
 def _header(path: Path) -> dict:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    with _untrusted.open_regular(path, CorruptCheckpointError) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:
             raise CorruptCheckpointError(
@@ -135,10 +138,9 @@ def _header(path: Path) -> dict:
                 f"file has {size - 8} after the length"
             )
         raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(f"'{path}' has a corrupted safetensors header: {e}") from None
+    header = _untrusted.loads_json(
+        raw, f"the safetensors header of '{path}'", CorruptCheckpointError, max_bytes=_MAX_HEADER
+    )
     if not isinstance(header, dict):
         raise CorruptCheckpointError(f"'{path}' has a corrupted safetensors header: not an object")
     return header
@@ -147,14 +149,23 @@ def _header(path: Path) -> dict:
 def _jm_meta(path: Path, meta: dict[str, str], keys: list[str]) -> tuple[list[str], dict]:
     """(key order, checksums) from jm's metadata entries, if present and consistent."""
     order, crcs = sorted(keys), {}
+
+    def entry(name: str) -> Any:
+        return _untrusted.loads_json(
+            str(meta[name]).encode(),
+            f"the '{name}' metadata of '{path}'",
+            CorruptCheckpointError,
+            max_bytes=_MAX_HEADER,
+        )
+
     try:
         if ORDER in meta:
-            saved = json.loads(meta[ORDER])
+            saved = entry(ORDER)
             if not (isinstance(saved, list) and sorted(saved) == sorted(keys)):
                 raise ValueError("key order does not list the file's tensors")
             order = saved
         if CRC in meta:
-            crcs = json.loads(meta[CRC])
+            crcs = entry(CRC)
             if not (isinstance(crcs, dict) and set(crcs) == set(keys)):
                 raise ValueError("checksums do not list the file's tensors")
             if not all(isinstance(v, list) and len(v) == 3 for v in crcs.values()):
@@ -183,9 +194,10 @@ def read_host(path: os.PathLike | str, verify: bool = True) -> dict[str, np.ndar
     from safetensors import safe_open
 
     path = Path(os.fspath(path))
-    if not path.exists():
-        raise CheckpointNotFoundError(f"no such file: '{path}'")
-    _header(path)  # clear errors for the common damage before the library sees it
+    try:
+        _header(path)  # clear errors for the common damage before the library sees it
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"no such file: '{path}'") from None
     try:
         with safe_open(path, framework="np") as f:
             meta = f.metadata() or {}
@@ -227,6 +239,55 @@ def is_index(path: Path) -> bool:
     return path.name.endswith(".index.json")
 
 
+def read_index_json(path: Path) -> dict:
+    """The parsed ``*.index.json`` at ``path`` (a JSON object).
+
+    Raises:
+        CheckpointNotFoundError: no file at ``path``.
+        CorruptCheckpointError: not a regular file, too long, too deeply
+            nested, or not a JSON object.
+    """
+    try:
+        raw = _untrusted.read_regular(
+            path, CorruptCheckpointError, MAX_INDEX_BYTES, "a checkpoint index"
+        )
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"no such file: '{path}'") from None
+    index = _untrusted.loads_json(
+        raw,
+        f"the checkpoint index '{path}'",
+        CorruptCheckpointError,
+        max_bytes=MAX_INDEX_BYTES,
+        advice="It is not a valid checkpoint index; download or write it again.",
+    )
+    if not isinstance(index, dict):
+        raise CorruptCheckpointError(f"'{path}' is not a valid checkpoint index: not an object")
+    return index
+
+
+def _shard_path(index: Path, name: str) -> Path:
+    """Where the shard ``name`` of ``index`` is: a relative path inside the index's directory.
+
+    The name may not leave the directory (``..``, an absolute path, a drive or
+    backslash); the file it names may be a symlink to anywhere (a Hugging Face
+    hub cache links each shard to ``../../blobs/<hash>``).
+    """
+    parts = name.split("/")
+    if (
+        not name
+        or "\\" in name
+        or "\0" in name
+        or name.startswith("/")
+        or (os.name == "nt" and ":" in name)
+        or any(p in ("", "..") for p in parts)
+    ):
+        raise CorruptCheckpointError(
+            f"'{index}' names the shard '{name}' outside its own directory; refusing it (shard "
+            "names are file names relative to the index, without '..')"
+        )
+    return index.parent.joinpath(*parts)
+
+
 def read_index(
     path: os.PathLike | str, map_location: Any, verify: bool, read_shard: Any
 ) -> collections.OrderedDict:
@@ -241,30 +302,26 @@ def read_index(
     Raises:
         CorruptCheckpointError: the index does not parse, names a missing shard
             or a shard outside its directory, or a shard does not hold exactly
-            the tensors the index assigns to it.
+            the tensors the index assigns to it. Shards may be symlinks (a
+            Hugging Face hub cache's ``snapshots/<rev>/`` links them into
+            ``blobs/``); the names in the index may not leave its directory.
     """
-    path = Path(os.path.abspath(os.fspath(path)))
+    path = Path(os.path.abspath(os.fspath(path)))  # not resolved: shards sit beside the link
+    index = read_index_json(path)
     try:
-        index = json.loads(path.read_text())
         weight_map = index["weight_map"]
         if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
         ):
             raise ValueError("weight_map is not a mapping of str to str")
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"no such file: '{path}'") from None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise CorruptCheckpointError(f"'{path}' is not a valid checkpoint index: {e}") from None
     by_shard: dict[str, list[str]] = {}
     for key, shard in weight_map.items():
         by_shard.setdefault(shard, []).append(key)
     tensors: dict[str, np.ndarray] = {}
     for shard, keys in by_shard.items():
-        file = (path.parent / shard).resolve()
-        if file.parent != path.parent.resolve():
-            raise CorruptCheckpointError(
-                f"'{path}' names the shard '{shard}' outside its own directory; refusing it"
-            )
+        file = _shard_path(path, shard)
         if not file.exists():
             raise CorruptCheckpointError(f"'{path}' names the shard '{shard}', which is missing")
         loaded = read_shard(file, verify)

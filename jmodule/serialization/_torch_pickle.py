@@ -12,7 +12,18 @@ Safety: every pickle goes through :mod:`._torch_unpickler`, which refuses
 anything but tensors, storages, ``OrderedDict`` and plain containers before a
 single opcode runs. Tensors become numpy arrays honouring storage offsets and
 strides (views, transposes, expanded tensors); tensors that share a storage
-are cut from the same bytes; one tensor saved twice comes back as one array.
+are cut from the same bytes; one tensor saved twice comes back as one array,
+and containers the pickle shares (through its memo) stay shared.
+
+Limits, so that a small hostile file cannot take the loader's memory: a
+file's tensors may take at most :data:`MAX_EXPANSION` times the bytes of the
+storages they view, or :data:`EXPANSION_FLOOR` bytes, whichever is more (a
+tiny storage viewed with strides 0 as a huge shape is refused; PyTorch keeps
+such a view as a view, jm gives each tensor its own array); a zip record
+must hold exactly the bytes its storage needs, checked before it is inflated,
+and a compressed record may not inflate to more than :data:`MAX_INFLATION`
+times its compressed size once past :data:`INFLATION_FLOOR` (``torch.save``
+never compresses). Only regular files are read.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from jmodule import _untrusted
 from jmodule.serialization import _torch_unpickler as _u
 from jmodule.serialization._errors import (
     CheckpointError,
@@ -41,6 +53,19 @@ from jmodule.serialization._map_location import MapLocation
 _MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 
+#: A file's tensors may take at most this many times the bytes of its storages ...
+MAX_EXPANSION = 16
+#: ... or this many bytes, whichever is more.
+EXPANSION_FLOOR = 64 << 20
+#: A compressed zip record may inflate to at most this many times its compressed size ...
+MAX_INFLATION = 100
+#: ... once it inflates to more than this many bytes.
+INFLATION_FLOOR = 16 << 20
+_REMEDY = (
+    "If you trust the file, load it with torch.load, make its tensors contiguous "
+    "(t.contiguous()), and save them again with torch.save."
+)
+
 
 def _ascii(x: Any) -> Any:
     return x.decode("ascii") if isinstance(x, bytes) else x
@@ -52,9 +77,9 @@ def _storage_type(x: Any, source: str) -> np.dtype:
     return x.dtype
 
 
-def _read_zip(path: Path) -> Any:
+def _read_zip(path: Path, f: Any) -> Any:
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(f)
     except Exception as e:  # BadZipFile, OSError, ValueError, ...
         raise CorruptCheckpointError(f"'{path}' is a damaged zip archive: {e}") from None
     with zf:
@@ -74,15 +99,38 @@ def _read_zip(path: Path) -> Any:
                 "files. Save the model's state_dict() with torch.save instead."
             )
 
-        def record(name: str) -> bytes:
+        def info(name: str) -> zipfile.ZipInfo:
             try:
-                return zf.read(prefix + name)
+                found = zf.getinfo(prefix + name)
             except KeyError:
                 raise CorruptCheckpointError(f"'{path}' has no record '{name}'") from None
+            if (
+                found.compress_type != zipfile.ZIP_STORED
+                and found.file_size > INFLATION_FLOOR
+                and found.file_size > MAX_INFLATION * found.compress_size
+            ):
+                raise CorruptCheckpointError(
+                    f"'{path}' record '{name}' would inflate from {found.compress_size} to "
+                    f"{found.file_size} bytes (more than {MAX_INFLATION}x); torch.save never "
+                    f"compresses its records, so refusing it. {_REMEDY}"
+                )
+            return found
+
+        def record(name: str, size: int | None = None) -> bytes:
+            entry = info(name)
+            limit = entry.file_size if size is None else size
+            try:
+                with zf.open(entry) as stream:  # inflates at most limit + 1 bytes
+                    data = stream.read(limit + 1)
             except Exception as e:  # zipfile raises BadZipFile, RuntimeError, zlib.error, ...
                 raise CorruptCheckpointError(f"'{path}' record '{name}' is damaged: {e}") from None
+            if len(data) > limit:
+                raise CorruptCheckpointError(
+                    f"'{path}' record '{name}' holds more than the {limit} bytes it declares"
+                )
+            return data
 
-        big = f"{prefix}byteorder" in names and record("byteorder") == b"big"
+        big = f"{prefix}byteorder" in names and record("byteorder", 16) == b"big"
         storages: dict[str, _u.Storage] = {}
 
         def persistent_load(pid: Any) -> _u.Storage:
@@ -94,11 +142,21 @@ def _read_zip(path: Path) -> Any:
             if key not in storages:
                 if type(numel) is not int or numel < 0:
                     raise CorruptCheckpointError(f"'{path}' storage '{key}' has a bad size")
-                storages[key] = _u.Storage(dtype, numel, key, lambda k=key: record(f"data/{k}"))
+                nbytes = numel * dtype.itemsize
+                declared = info(f"data/{key}").file_size  # before anything is inflated
+                if declared != nbytes:
+                    raise CorruptCheckpointError(
+                        f"'{path}' is corrupted: storage '{key}' has {declared} bytes, expected "
+                        f"{numel} x {dtype.itemsize}"
+                    )
+                storages[key] = _u.Storage(
+                    dtype, numel, key, lambda k=key, n=nbytes: record(f"data/{k}", n)
+                )
             return storages[key]
 
         obj = _u.unpickle(io.BytesIO(record("data.pkl")), str(path), persistent_load)
-        return _convert(obj, path, big)
+        held = sum(x.numel * x.dtype.itemsize for x in storages.values())
+        return _convert(obj, path, big, held)
 
 
 def _read_legacy(path: Path, data: bytes) -> Any:
@@ -160,10 +218,11 @@ def _read_legacy(path: Path, data: bytes) -> Any:
     missing = set(roots) - set(raw)
     if missing:
         raise CorruptCheckpointError(f"'{path}' lacks the data of storage(s) {sorted(missing)}")
-    return _convert(obj, path, not little)
+    return _convert(obj, path, not little, sum(map(len, raw.values())))
 
 
-def _tensor_array(t: _u.Tensor, big_endian: bool) -> np.ndarray:
+def _tensor_view(t: _u.Tensor) -> np.ndarray:
+    """A read-only view of ``t``'s elements over its storage's bytes (nothing copied)."""
     storage = t.storage
     if not isinstance(storage, (_u.Storage, _u.StorageView)):
         raise ValueError("a tensor without a storage")
@@ -189,9 +248,12 @@ def _tensor_array(t: _u.Tensor, big_endian: bool) -> np.ndarray:
     last = offset + sum((n - 1) * s for n, s in zip(size, stride))
     if last >= base.size:
         raise ValueError(f"a tensor reaches element {last} of a storage of {base.size}")
-    view = np.lib.stride_tricks.as_strided(
+    return np.lib.stride_tricks.as_strided(
         base[offset:], shape=size, strides=[s * dtype.itemsize for s in stride], writeable=False
     )
+
+
+def _tensor_array(view: np.ndarray, t: _u.Tensor, big_endian: bool) -> np.ndarray:
     out = np.array(view)
     if big_endian:
         out = out.byteswap()
@@ -204,26 +266,77 @@ def _tensor_array(t: _u.Tensor, big_endian: bool) -> np.ndarray:
     return out
 
 
-def _convert(obj: Any, path: Path, big_endian: bool) -> Any:
-    """Replace tensors (and bare storages, dtypes) by numpy arrays / dtypes."""
+def _convert(obj: Any, path: Path, big_endian: bool, held: int) -> Any:
+    """Replace tensors (and bare storages, dtypes) by numpy arrays / dtypes.
+
+    Each container is converted once: one the pickle shares (through its
+    memo) is shared in the result, so a small pickle of a DAG stays small.
+    ``held`` is the number of bytes of the file's storages; the arrays may
+    take at most ``max(EXPANSION_FLOOR, MAX_EXPANSION * held)``.
+
+    Raises:
+        CorruptCheckpointError: malformed tensors, a container that contains
+            itself, or arrays that would take more than the limit.
+    """
     done: dict[int, Any] = {}
+    active: set[int] = set()
+    budget = max(EXPANSION_FLOOR, MAX_EXPANSION * held)
+    spent = 0
+
+    def spend(nbytes: int, key: str, how: str) -> None:
+        nonlocal spent
+        spent += nbytes
+        if spent > budget:
+            raise CorruptCheckpointError(
+                f"'{path}' (key '{key}') would take {spent} bytes as arrays, more than jm reads "
+                f"from a file whose storages hold {held} bytes (at most {MAX_EXPANSION}x that, "
+                f"or {EXPANSION_FLOOR >> 20} MiB): {how}. PyTorch keeps such a view of a small "
+                f"storage as a view; jm gives each tensor its own array. {_REMEDY}"
+            )
+
+    def array(x: Any, key: str) -> np.ndarray:
+        try:
+            if isinstance(x, _u.Tensor):
+                view = _tensor_view(x)
+                spend(
+                    view.nbytes,
+                    key,
+                    f"it views a storage of {x.storage.numel} elements as shape {x.size} with "
+                    f"strides {x.stride}",
+                )
+                return _tensor_array(view, x, big_endian)
+            data = x.data()
+            spend(data.nbytes, key, f"it is a storage of {data.nbytes} bytes")
+            data = np.array(data)
+            return data.byteswap() if big_endian else data
+        except (ValueError, TypeError) as e:
+            raise CorruptCheckpointError(f"'{path}' (key '{key}') is corrupted: {e}") from None
 
     def walk(x: Any, key: str) -> Any:
         if isinstance(x, (_u.Tensor, _u.Storage, _u.StorageView)):
             if id(x) not in done:
-                try:
-                    if isinstance(x, _u.Tensor):
-                        done[id(x)] = _tensor_array(x, big_endian)
-                    else:
-                        data = np.array(x.data())
-                        done[id(x)] = data.byteswap() if big_endian else data
-                except (ValueError, TypeError) as e:
-                    raise CorruptCheckpointError(
-                        f"'{path}' (key '{key}') is corrupted: {e}"
-                    ) from None
+                done[id(x)] = array(x, key)
             return done[id(x)]
         if isinstance(x, _u.DType):
             return x.dtype
+        if not isinstance(x, (dict, list, tuple, set, frozenset)):
+            return x
+        if id(x) in done:
+            return done[id(x)]
+        if id(x) in active:
+            raise CorruptCheckpointError(
+                f"'{path}' (key '{key}') holds a container that contains itself, which no "
+                "state_dict does; refusing it."
+            )
+        active.add(id(x))
+        try:
+            out = container(x, key)
+        finally:
+            active.discard(id(x))
+        done[id(x)] = out
+        return out
+
+    def container(x: Any, key: str) -> Any:
         if isinstance(x, dict):
             kind = collections.OrderedDict if isinstance(x, collections.OrderedDict) else dict
             out = kind((k, walk(v, _join(key, k))) for k, v in dict.items(x))
@@ -231,9 +344,7 @@ def _convert(obj: Any, path: Path, big_endian: bool) -> Any:
             if meta is not None:
                 out._metadata = walk(meta, _join(key, "_metadata"))
             return out
-        if isinstance(x, (list, tuple, set, frozenset)):
-            return type(x)(walk(v, _join(key, i)) for i, v in enumerate(x))
-        return x
+        return type(x)(walk(v, _join(key, i)) for i, v in enumerate(x))
 
     try:
         return walk(obj, "")
@@ -264,13 +375,16 @@ def read_host(path: os.PathLike | str) -> Any:
         CheckpointError: a TorchScript archive or the pre-1.0 tar format.
     """
     path = Path(os.fspath(path))
-    if not path.exists():
-        raise CheckpointNotFoundError(f"no such file: '{path}'")
-    with open(path, "rb") as f:
+    try:
+        f = _untrusted.open_regular(path, CorruptCheckpointError)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"no such file: '{path}'") from None
+    with f:
         head = f.read(4)
-    if head.startswith(b"PK\x03\x04"):
-        return _read_zip(path)
-    data = path.read_bytes()
+        f.seek(0)
+        if head.startswith(b"PK\x03\x04"):
+            return _read_zip(path, f)
+        data = f.read()
     if len(data) > 262 and data[257:262] == b"ustar":
         raise CheckpointError(
             f"'{path}' is in PyTorch's pre-1.0 tar format, which jm does not read; load it "
@@ -287,36 +401,44 @@ def read(path: os.PathLike | str, map_location: Any = None) -> Any:
     obj = read_host(path)
     if place.per_key:
         place.check_keys(_array_keys(obj, ""), path)
-    placed: dict[int, Any] = {}
+    done: dict[int, Any] = {}  # arrays and containers, each placed or rebuilt once
 
     def walk(x: Any, key: str) -> Any:
+        if id(x) in done:
+            return done[id(x)]
         if isinstance(x, np.ndarray):
-            if id(x) not in placed:
-                placed[id(x)] = place.put(x, key)
-            return placed[id(x)]
-        if isinstance(x, dict):
+            out = place.put(x, key)
+        elif isinstance(x, dict):
             out = type(x)((k, walk(v, _join(key, k))) for k, v in x.items())
             meta = getattr(x, "_metadata", None)
             if meta is not None:
                 out._metadata = meta
-            return out
-        if isinstance(x, (list, tuple, set, frozenset)):
-            return type(x)(walk(v, _join(key, i)) for i, v in enumerate(x))
-        return x
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            out = type(x)(walk(v, _join(key, i)) for i, v in enumerate(x))
+        else:
+            return x
+        done[id(x)] = out
+        return out
 
     return walk(obj, "")
 
 
-def _array_keys(x: Any, key: str) -> Iterator[str]:
-    """The dotted keys of the arrays in ``x``, as :func:`read` names them."""
+def _array_keys(x: Any, key: str, seen: set[int] | None = None) -> Iterator[str]:
+    """The dotted keys of the arrays in ``x``, as :func:`read` names them (shared once)."""
+    seen = set() if seen is None else seen
+    if id(x) in seen:
+        return
     if isinstance(x, np.ndarray):
+        seen.add(id(x))
         yield key
     elif isinstance(x, dict):
+        seen.add(id(x))
         for k, v in x.items():
-            yield from _array_keys(v, _join(key, k))
+            yield from _array_keys(v, _join(key, k), seen)
     elif isinstance(x, (list, tuple, set, frozenset)):
+        seen.add(id(x))
         for i, v in enumerate(x):
-            yield from _array_keys(v, _join(key, i))
+            yield from _array_keys(v, _join(key, i), seen)
 
 
 def read_flat(path: os.PathLike | str, verify: bool = True) -> dict[str, np.ndarray]:

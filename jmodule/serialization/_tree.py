@@ -20,6 +20,10 @@ import numpy as np
 
 Leaf = tuple[str, Any]  # (dotted key path, array)
 
+#: The deepest nesting of containers ``jm.save`` stores (``jm.load`` refuses a
+#: ``jmodule.json`` nested deeper than its skeleton can be).
+MAX_DEPTH = 100
+
 SUPPORTED = (
     "dict, OrderedDict, list, tuple, jax.Array, numpy arrays and scalars, int, float, str, "
     "bool, None, bytes, complex"
@@ -46,8 +50,8 @@ def flatten(obj: Any) -> tuple[dict, list[Leaf]]:
     """Split ``obj`` into a JSON-able skeleton and its arrays, in order.
 
     Raises:
-        TypeError: ``obj`` holds a value of another type (named by its key)
-            or contains itself.
+        TypeError: ``obj`` holds a value of another type (named by its key),
+            contains itself, or nests more than :data:`MAX_DEPTH` containers.
     """
     leaves: list[Leaf] = []
     index_of: dict[int, int] = {}
@@ -86,6 +90,11 @@ def flatten(obj: Any) -> tuple[dict, list[Leaf]]:
         if type(x) in (dict, collections.OrderedDict, list, tuple):
             if id(x) in active:
                 raise TypeError(f"cannot save '{path or '<root>'}': the container contains itself")
+            if len(active) >= MAX_DEPTH:  # active: the containers around x
+                raise TypeError(
+                    f"cannot save '{path}': it is nested more than {MAX_DEPTH} containers deep, "
+                    "more than a checkpoint stores; flatten the structure (e.g. dotted keys)."
+                )
             active.add(id(x))
             try:
                 return container(x, path)
