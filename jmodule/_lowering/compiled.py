@@ -116,6 +116,7 @@ def _plan_for(
     names.append(_RNG_NAME)
     cells.append(None)
     _program.check_not_meta(slots, names)
+    _commit(slots)
     infos = descs[0].infos if len(descs) == 1 else _merge_infos(descs)
     plan = Plan(
         key=key,
@@ -132,6 +133,20 @@ def _plan_for(
     plan.guard = _guard(plan)
     plan.pack_grads = with_grads and _one_device(slots)
     return plan
+
+
+def _commit(slots: Sequence[Any]) -> None:
+    """Commit the state arrays that are not yet committed to a device (to the one they are on).
+
+    A fresh parameter (from ``jnp`` ops) is uncommitted, while a program's
+    outputs are committed, and ``jax.jit`` keys its executables on the
+    difference: without this the second call of every program would compile
+    it again.
+    """
+    for c, k in slots:
+        v = c.get(k)
+        if type(v) is _ArrayImpl and not v.committed and not v.is_deleted():
+            c[k] = jax.device_put(v, next(iter(v.devices())))
 
 
 def _one_device(slots: Sequence[Any]) -> bool:
@@ -156,6 +171,9 @@ def _merge_infos(descs: Sequence[structure.Description]) -> dict:
 
 def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: Any) -> Any:
     """Call the program for ``plan`` (from this thread's context: traced, recorded or locked)."""
+    code = plan.code
+    if code is not None and code.changed() is not None:
+        program.stale(plan)
     local = state.local
     if local.recorder is not None:  # inside jm.backward: differentiate through the program
         return _program.call_recorded(program, plan, args, kwargs)
@@ -209,6 +227,10 @@ class CompiledForward:
             or self._hooks != _HOOKS.value
         ):
             plan = self._refresh()
+        code = plan.code
+        if code is not None and code.changed() is not None:  # the Python it traced changed
+            self.program.stale(plan)
+            self.program.jitted(plan)
         if not kwargs:
             for a in args:
                 if type(a) is not _ArrayImpl:
@@ -282,7 +304,10 @@ class CompiledFunction:
         #: The last call's plan and what a call must match to reuse it (atomic to replace).
         self._last: _Match | None = None
         self.program = Program(
-            self._run, name=getattr(fn, "__qualname__", repr(fn)), jit_options=jit_options
+            self._run,
+            name=getattr(fn, "__qualname__", repr(fn)),
+            jit_options=jit_options,
+            source=fn,
         )
 
     def _run(self, objects: Sequence[Any], args: tuple, kwargs: dict) -> Any:
@@ -370,7 +395,9 @@ class CompiledFunction:
     def _describe(self, objects: list[Any], positions: tuple[int, ...] | None) -> Plan:
         descs = [o._jm_describe() for o in objects]
         key = (tuple(d.key for d in descs), _hooks.global_hook_key(), positions)
-        return _plan_for(key, objects, descs, with_grads=True, positions=positions)
+        plan = _plan_for(key, objects, descs, with_grads=True, positions=positions)
+        plan.code = self.program.guards.get(key)
+        return plan
 
     @staticmethod
     def _matcher(plan: Plan, pattern: tuple) -> _Match:
@@ -389,7 +416,9 @@ class CompiledFunction:
             # elsewhere, nothing changed structurally, a settled donating program.
             local = state.local
             matched = self._match(args) if local.recorder is None and not local.bound else None
-            if matched is not None:
+            if matched is not None and (
+                matched[0].code is None or matched[0].code.changed() is None
+            ):
                 plan, arrays = matched
                 with plan.guard:
                     out = _program.call_fast(self.program, plan, plan.fast, arrays)
@@ -425,6 +454,13 @@ def compile_function(fn: Callable | None = None, *, donate: bool = True, **jit_o
     eagerly. Array arguments are traced; other Python values are static (a
     new value recompiles). Use as ``jm.compile(fn)`` or ``@jm.compile``.
 
+    A call first checks the Python the last trace ran (see
+    ``jmodule/_lowering/guards.py``): a changed global or closure value that
+    ``fn``, a module's ``forward`` or a helper they call reads, a redefined
+    helper or ``forward``, or code replaced in place, traces again (the
+    reason is in :func:`compile_stats`). Values inside mutable containers
+    are not seen.
+
     Args:
         fn: the function to compile.
         donate: donate the old state buffers the program rewrites (the
@@ -451,10 +487,17 @@ class CompileStats:
 
     num_traces: int
     reasons: tuple[str, ...]
+    #: How many XLA executables were compiled (a trace can compile more than one, e.g.
+    #: for inputs placed differently; programs dropped by a retrace still count).
+    num_compiles: int = 0
 
 
 def compile_stats(obj: Any) -> CompileStats:
     """Trace count and recompilation reasons of a compiled module or ``jm.compile`` function.
+
+    ``num_compiles`` counts the XLA executables compiled, which can exceed
+    ``num_traces`` (inputs committed to a device where the last call's were
+    not make XLA compile the same trace again).
 
     >>> import jax.numpy as jnp
     >>> import jmodule as jm
@@ -475,4 +518,4 @@ def compile_stats(obj: Any) -> CompileStats:
                 f"{type(obj).__name__} is not compiled: call model.compile() or use jm.compile"
             )
         program = compiled.program
-    return CompileStats(program.num_traces, tuple(program.reasons))
+    return CompileStats(program.num_traces, tuple(program.reasons), program.num_compiles)
