@@ -26,6 +26,7 @@ import jax
 from jax._src.array import ArrayImpl as _ArrayImpl
 
 from jmodule import random as _random
+from jmodule._lowering import errors as _errors
 from jmodule._lowering import hooks as _hooks
 from jmodule._lowering import program as _program
 from jmodule._lowering import state, structure
@@ -220,43 +221,53 @@ class CompiledForward:
         return plan
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        plan = self._plan
-        if (
-            plan is None
-            or self._version != self._module_dict.get("_jm_version", 0)
-            or self._hooks != _HOOKS.value
-        ):
-            plan = self._refresh()
-        code = plan.code
-        if code is not None and code.changed() is not None:  # the Python it traced changed
-            self.program.stale(plan)
-            self.program.jitted(plan)
-        if not kwargs:
-            for a in args:
-                if type(a) is not _ArrayImpl:
-                    break
-            else:
-                kwargs = None  # arrays only: no kwargs node
-        if kwargs is not None:
-            args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
-        local = state.local
-        if local.recorder is not None or local.bound:
-            if local.recorder is not None:  # a gradient is being taken: it may restore us
-                local.recorder.enter(self.module)
-            return _run_plan(self.program, plan, False, args, kwargs)
-        with plan.guard:
-            slots = plan.slots
-            vals = [c[k] for c, k in slots]
-            local.call = plan
-            jitted = plan.jitted
-            out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-            if changed is not None:
-                for i, v in zip(changed.indices, changed.values):
-                    c, k = slots[i]
-                    c[k] = v
-            if plan.draws is None:
-                _learned(self.program, plan)
-        return out
+        try:
+            plan = self._plan
+            if (
+                plan is None
+                or self._version != self._module_dict.get("_jm_version", 0)
+                or self._hooks != _HOOKS.value
+            ):
+                plan = self._refresh()
+            code = plan.code
+            if code is not None and code.changed() is not None:  # the Python it traced changed
+                self.program.stale(plan)
+                self.program.jitted(plan)
+            if not kwargs:
+                for a in args:
+                    if type(a) is not _ArrayImpl:
+                        break
+                else:
+                    kwargs = None  # arrays only: no kwargs node
+            if kwargs is not None:
+                args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
+            local = state.local
+            if local.recorder is not None or local.bound:
+                if local.recorder is not None:  # a gradient is being taken: it may restore us
+                    local.recorder.enter(self.module)
+                return _run_plan(self.program, plan, False, args, kwargs)
+            with plan.guard:
+                slots = plan.slots
+                vals = [c[k] for c, k in slots]
+                local.call = plan
+                jitted = plan.jitted
+                out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
+                if changed is not None:
+                    for i, v in zip(changed.indices, changed.values):
+                        c, k = slots[i]
+                        c[k] = v
+                if plan.draws is None:
+                    _learned(self.program, plan)
+            return out
+        except _errors.untraceable_types() as e:
+            raise _errors.untraceable(
+                e, tuple(self.module.named_modules()), _errors.EAGER_COMPILE
+            ) from e
+        except RuntimeError as e:
+            deleted = _errors.deleted_input(e, (args, kwargs))
+            if deleted is None:
+                raise
+            raise deleted from e
 
 
 class _ObjectRef:
@@ -410,22 +421,34 @@ class CompiledFunction:
         return _Match(plan, pattern, tuple(versions), tuple(others), _hooks.version())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        last = self._last
-        if not kwargs and last is not None and last.plan.fast is not None:
-            # The per-call path: the last call's objects in the same places, arrays
-            # elsewhere, nothing changed structurally, a settled donating program.
-            local = state.local
-            matched = self._match(args) if local.recorder is None and not local.bound else None
-            if matched is not None and (
-                matched[0].code is None or matched[0].code.changed() is None
-            ):
-                plan, arrays = matched
-                with plan.guard:
-                    out = _program.call_fast(self.program, plan, plan.fast, arrays)
-                    if out is not _program.SLOW:
-                        return out
-        plan, a, k = self._prepare(args, kwargs)
-        return _run_plan(self.program, plan, self.donate, a, k)
+        try:
+            last = self._last
+            if not kwargs and last is not None and last.plan.fast is not None:
+                # The per-call path: the last call's objects in the same places, arrays
+                # elsewhere, nothing changed structurally, a settled donating program.
+                local = state.local
+                matched = self._match(args) if local.recorder is None and not local.bound else None
+                if matched is not None and (
+                    matched[0].code is None or matched[0].code.changed() is None
+                ):
+                    plan, arrays = matched
+                    with plan.guard:
+                        out = _program.call_fast(self.program, plan, plan.fast, arrays)
+                        if out is not _program.SLOW:
+                            return out
+            plan, a, k = self._prepare(args, kwargs)
+            return _run_plan(self.program, plan, self.donate, a, k)
+        except _errors.untraceable_types() as e:
+            plan = state.local.call
+            named = plan.named_modules if plan is not None else ()
+            raise _errors.untraceable(
+                e, named, _errors.EAGER_FUNCTION, getattr(self.fn, "__qualname__", None)
+            ) from e
+        except RuntimeError as e:
+            deleted = _errors.deleted_input(e, (args, kwargs))
+            if deleted is None:
+                raise
+            raise deleted from e
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The ``jax.stages.Lowered`` program a call with these arguments runs.
