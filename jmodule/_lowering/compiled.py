@@ -117,7 +117,8 @@ def _plan_for(
     names.append(_RNG_NAME)
     cells.append(None)
     _program.check_not_meta(slots, names)
-    _commit(slots)
+    one_device = _one_device(slots)
+    committed = _commit(slots) if one_device else ()
     infos = descs[0].infos if len(descs) == 1 else _merge_infos(descs)
     plan = Plan(
         key=key,
@@ -132,22 +133,45 @@ def _plan_for(
         positions=positions,
     )
     plan.guard = _guard(plan)
-    plan.pack_grads = with_grads and _one_device(slots)
+    plan.pack_grads = with_grads and one_device
+    plan.committed = committed
     return plan
 
 
-def _commit(slots: Sequence[Any]) -> None:
+def _commit(slots: Sequence[Any]) -> tuple:
     """Commit the state arrays that are not yet committed to a device (to the one they are on).
 
     A fresh parameter (from ``jnp`` ops) is uncommitted, while a program's
     outputs are committed, and ``jax.jit`` keys its executables on the
     difference: without this the second call of every program would compile
-    it again.
+    it again. Only for state on one device: state spread over several (sharded)
+    leaves an uncommitted array (the RNG key) free to follow the others. A
+    program that places its values on other devices (a sharding constraint
+    over a mesh) gets the uncommitted arrays back (:func:`_uncommit`).
+
+    Returns:
+        ``(container, key, uncommitted array, committed array)`` per slot committed.
     """
+    done = []
     for c, k in slots:
         v = c.get(k)
         if type(v) is _ArrayImpl and not v.committed and not v.is_deleted():
-            c[k] = jax.device_put(v, next(iter(v.devices())))
+            c[k] = placed = jax.device_put(v, next(iter(v.devices())))
+            done.append((c, k, v, placed))
+    return tuple(done)
+
+
+def _uncommit(plan: Plan | None, error: Exception) -> bool:
+    """Put back what ``_commit`` committed, if ``error`` is jax refusing it; True if it did."""
+    if plan is None or not plan.committed or "incompatible devices" not in str(error):
+        return False
+    put_back = False
+    for c, k, v, placed in plan.committed:
+        if c.get(k) is placed:  # still what _commit put there (no call has run since)
+            c[k] = v
+            put_back = True
+    plan.committed = ()
+    return put_back
 
 
 def _one_device(slots: Sequence[Any]) -> bool:
@@ -221,6 +245,7 @@ class CompiledForward:
         return plan
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        given = args, kwargs
         try:
             plan = self._plan
             if (
@@ -264,10 +289,14 @@ class CompiledForward:
                 e, tuple(self.module.named_modules()), _errors.EAGER_COMPILE
             ) from e
         except RuntimeError as e:
-            deleted = _errors.deleted_input(e, (args, kwargs))
+            deleted = _errors.deleted_input(e, given)
             if deleted is None:
                 raise
             raise deleted from e
+        except ValueError as e:  # the program spans devices: let uncommitted state follow
+            if _uncommit(self._plan, e):
+                return self(*given)
+            raise
 
 
 class _ObjectRef:
@@ -449,6 +478,10 @@ class CompiledFunction:
             if deleted is None:
                 raise
             raise deleted from e
+        except ValueError as e:  # the program spans devices: let uncommitted state follow
+            if _uncommit(state.local.call, e):
+                return self(*args, **kwargs)
+            raise
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The ``jax.stages.Lowered`` program a call with these arguments runs.

@@ -165,6 +165,9 @@ class Plan:
     #: What the trace of ``key`` read from Python (``guards.Guards``; None: not traced
     #: yet, or nothing to guard). A call whose guards changed traces again.
     code: Any = None
+    #: ``(container, key, uncommitted, committed)`` of the slots ``_plan_for`` committed
+    #: to their device: put back if the program turns out to span other devices.
+    committed: tuple = ()
 
 
 class _Reread(Exception):
