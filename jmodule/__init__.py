@@ -9,6 +9,7 @@
 """
 
 from jmodule import _device
+from jmodule import _hints as _hints
 from jmodule import checkpoint as checkpoint
 from jmodule import distributed as distributed
 from jmodule import func as func
@@ -43,6 +44,7 @@ from jmodule._lowering import compiled as _compiled
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile_stats as compile_stats
+from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
 from jmodule._version import __version__ as __version__
 from jmodule.autograd import backward as backward
 from jmodule.autograd import grad as grad

@@ -26,6 +26,7 @@ import jax
 from jax._src.array import ArrayImpl as _ArrayImpl
 
 from jmodule import random as _random
+from jmodule._lowering import errors as _errors
 from jmodule._lowering import hooks as _hooks
 from jmodule._lowering import program as _program
 from jmodule._lowering import state, structure
@@ -116,6 +117,8 @@ def _plan_for(
     names.append(_RNG_NAME)
     cells.append(None)
     _program.check_not_meta(slots, names)
+    one_device = _one_device(slots)
+    committed = _commit(slots) if one_device else ()
     infos = descs[0].infos if len(descs) == 1 else _merge_infos(descs)
     plan = Plan(
         key=key,
@@ -130,8 +133,45 @@ def _plan_for(
         positions=positions,
     )
     plan.guard = _guard(plan)
-    plan.pack_grads = with_grads and _one_device(slots)
+    plan.pack_grads = with_grads and one_device
+    plan.committed = committed
     return plan
+
+
+def _commit(slots: Sequence[Any]) -> tuple:
+    """Commit the state arrays that are not yet committed to a device (to the one they are on).
+
+    A fresh parameter (from ``jnp`` ops) is uncommitted, while a program's
+    outputs are committed, and ``jax.jit`` keys its executables on the
+    difference: without this the second call of every program would compile
+    it again. Only for state on one device: state spread over several (sharded)
+    leaves an uncommitted array (the RNG key) free to follow the others. A
+    program that places its values on other devices (a sharding constraint
+    over a mesh) gets the uncommitted arrays back (:func:`_uncommit`).
+
+    Returns:
+        ``(container, key, uncommitted array, committed array)`` per slot committed.
+    """
+    done = []
+    for c, k in slots:
+        v = c.get(k)
+        if type(v) is _ArrayImpl and not v.committed and not v.is_deleted():
+            c[k] = placed = jax.device_put(v, next(iter(v.devices())))
+            done.append((c, k, v, placed))
+    return tuple(done)
+
+
+def _uncommit(plan: Plan | None, error: Exception) -> bool:
+    """Put back what ``_commit`` committed, if ``error`` is jax refusing it; True if it did."""
+    if plan is None or not plan.committed or "incompatible devices" not in str(error):
+        return False
+    put_back = False
+    for c, k, v, placed in plan.committed:
+        if c.get(k) is placed:  # still what _commit put there (no call has run since)
+            c[k] = v
+            put_back = True
+    plan.committed = ()
+    return put_back
 
 
 def _one_device(slots: Sequence[Any]) -> bool:
@@ -156,6 +196,9 @@ def _merge_infos(descs: Sequence[structure.Description]) -> dict:
 
 def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: Any) -> Any:
     """Call the program for ``plan`` (from this thread's context: traced, recorded or locked)."""
+    code = plan.code
+    if code is not None and code.changed() is not None:
+        program.stale(plan)
     local = state.local
     if local.recorder is not None:  # inside jm.backward: differentiate through the program
         return _program.call_recorded(program, plan, args, kwargs)
@@ -202,39 +245,58 @@ class CompiledForward:
         return plan
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        plan = self._plan
-        if (
-            plan is None
-            or self._version != self._module_dict.get("_jm_version", 0)
-            or self._hooks != _HOOKS.value
-        ):
-            plan = self._refresh()
-        if not kwargs:
-            for a in args:
-                if type(a) is not _ArrayImpl:
-                    break
-            else:
-                kwargs = None  # arrays only: no kwargs node
-        if kwargs is not None:
-            args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
-        local = state.local
-        if local.recorder is not None or local.bound:
-            if local.recorder is not None:  # a gradient is being taken: it may restore us
-                local.recorder.enter(self.module)
-            return _run_plan(self.program, plan, False, args, kwargs)
-        with plan.guard:
-            slots = plan.slots
-            vals = [c[k] for c, k in slots]
-            local.call = plan
-            jitted = plan.jitted
-            out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-            if changed is not None:
-                for i, v in zip(changed.indices, changed.values):
-                    c, k = slots[i]
-                    c[k] = v
-            if plan.draws is None:
-                _learned(self.program, plan)
-        return out
+        given = args, kwargs
+        try:
+            plan = self._plan
+            if (
+                plan is None
+                or self._version != self._module_dict.get("_jm_version", 0)
+                or self._hooks != _HOOKS.value
+            ):
+                plan = self._refresh()
+            code = plan.code
+            if code is not None and code.changed() is not None:  # the Python it traced changed
+                self.program.stale(plan)
+                self.program.jitted(plan)
+            if not kwargs:
+                for a in args:
+                    if type(a) is not _ArrayImpl:
+                        break
+                else:
+                    kwargs = None  # arrays only: no kwargs node
+            if kwargs is not None:
+                args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
+            local = state.local
+            if local.recorder is not None or local.bound:
+                if local.recorder is not None:  # a gradient is being taken: it may restore us
+                    local.recorder.enter(self.module)
+                return _run_plan(self.program, plan, False, args, kwargs)
+            with plan.guard:
+                slots = plan.slots
+                vals = [c[k] for c, k in slots]
+                local.call = plan
+                jitted = plan.jitted
+                out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
+                if changed is not None:
+                    for i, v in zip(changed.indices, changed.values):
+                        c, k = slots[i]
+                        c[k] = v
+                if plan.draws is None:
+                    _learned(self.program, plan)
+            return out
+        except _errors.untraceable_types() as e:
+            raise _errors.untraceable(
+                e, tuple(self.module.named_modules()), _errors.EAGER_COMPILE
+            ) from e
+        except RuntimeError as e:
+            deleted = _errors.deleted_input(e, given)
+            if deleted is None:
+                raise
+            raise deleted from e
+        except ValueError as e:  # the program spans devices: let uncommitted state follow
+            if _uncommit(self._plan, e):
+                return self(*given)
+            raise
 
 
 class _ObjectRef:
@@ -282,7 +344,10 @@ class CompiledFunction:
         #: The last call's plan and what a call must match to reuse it (atomic to replace).
         self._last: _Match | None = None
         self.program = Program(
-            self._run, name=getattr(fn, "__qualname__", repr(fn)), jit_options=jit_options
+            self._run,
+            name=getattr(fn, "__qualname__", repr(fn)),
+            jit_options=jit_options,
+            source=fn,
         )
 
     def _run(self, objects: Sequence[Any], args: tuple, kwargs: dict) -> Any:
@@ -370,7 +435,9 @@ class CompiledFunction:
     def _describe(self, objects: list[Any], positions: tuple[int, ...] | None) -> Plan:
         descs = [o._jm_describe() for o in objects]
         key = (tuple(d.key for d in descs), _hooks.global_hook_key(), positions)
-        return _plan_for(key, objects, descs, with_grads=True, positions=positions)
+        plan = _plan_for(key, objects, descs, with_grads=True, positions=positions)
+        plan.code = self.program.guards.get(key)
+        return plan
 
     @staticmethod
     def _matcher(plan: Plan, pattern: tuple) -> _Match:
@@ -383,20 +450,38 @@ class CompiledFunction:
         return _Match(plan, pattern, tuple(versions), tuple(others), _hooks.version())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        last = self._last
-        if not kwargs and last is not None and last.plan.fast is not None:
-            # The per-call path: the last call's objects in the same places, arrays
-            # elsewhere, nothing changed structurally, a settled donating program.
-            local = state.local
-            matched = self._match(args) if local.recorder is None and not local.bound else None
-            if matched is not None:
-                plan, arrays = matched
-                with plan.guard:
-                    out = _program.call_fast(self.program, plan, plan.fast, arrays)
-                    if out is not _program.SLOW:
-                        return out
-        plan, a, k = self._prepare(args, kwargs)
-        return _run_plan(self.program, plan, self.donate, a, k)
+        try:
+            last = self._last
+            if not kwargs and last is not None and last.plan.fast is not None:
+                # The per-call path: the last call's objects in the same places, arrays
+                # elsewhere, nothing changed structurally, a settled donating program.
+                local = state.local
+                matched = self._match(args) if local.recorder is None and not local.bound else None
+                if matched is not None and (
+                    matched[0].code is None or matched[0].code.changed() is None
+                ):
+                    plan, arrays = matched
+                    with plan.guard:
+                        out = _program.call_fast(self.program, plan, plan.fast, arrays)
+                        if out is not _program.SLOW:
+                            return out
+            plan, a, k = self._prepare(args, kwargs)
+            return _run_plan(self.program, plan, self.donate, a, k)
+        except _errors.untraceable_types() as e:
+            plan = state.local.call
+            named = plan.named_modules if plan is not None else ()
+            raise _errors.untraceable(
+                e, named, _errors.EAGER_FUNCTION, getattr(self.fn, "__qualname__", None)
+            ) from e
+        except RuntimeError as e:
+            deleted = _errors.deleted_input(e, (args, kwargs))
+            if deleted is None:
+                raise
+            raise deleted from e
+        except ValueError as e:  # the program spans devices: let uncommitted state follow
+            if _uncommit(state.local.call, e):
+                return self(*args, **kwargs)
+            raise
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The ``jax.stages.Lowered`` program a call with these arguments runs.
@@ -425,6 +510,13 @@ def compile_function(fn: Callable | None = None, *, donate: bool = True, **jit_o
     eagerly. Array arguments are traced; other Python values are static (a
     new value recompiles). Use as ``jm.compile(fn)`` or ``@jm.compile``.
 
+    A call first checks the Python the last trace ran (see
+    ``jmodule/_lowering/guards.py``): a changed global or closure value that
+    ``fn``, a module's ``forward`` or a helper they call reads, a redefined
+    helper or ``forward``, or code replaced in place, traces again (the
+    reason is in :func:`compile_stats`). Values inside mutable containers
+    are not seen.
+
     Args:
         fn: the function to compile.
         donate: donate the old state buffers the program rewrites (the
@@ -451,10 +543,17 @@ class CompileStats:
 
     num_traces: int
     reasons: tuple[str, ...]
+    #: How many XLA executables were compiled (a trace can compile more than one, e.g.
+    #: for inputs placed differently; programs dropped by a retrace still count).
+    num_compiles: int = 0
 
 
 def compile_stats(obj: Any) -> CompileStats:
     """Trace count and recompilation reasons of a compiled module or ``jm.compile`` function.
+
+    ``num_compiles`` counts the XLA executables compiled, which can exceed
+    ``num_traces`` (inputs committed to a device where the last call's were
+    not make XLA compile the same trace again).
 
     >>> import jax.numpy as jnp
     >>> import jmodule as jm
@@ -475,4 +574,4 @@ def compile_stats(obj: Any) -> CompileStats:
                 f"{type(obj).__name__} is not compiled: call model.compile() or use jm.compile"
             )
         program = compiled.program
-    return CompileStats(program.num_traces, tuple(program.reasons))
+    return CompileStats(program.num_traces, tuple(program.reasons), program.num_compiles)

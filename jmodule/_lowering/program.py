@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 from jax.extend.core import jaxpr_as_fun
 
-from jmodule._lowering import binding, state, structure
+from jmodule._lowering import binding, guards, state, structure
 from jmodule._lowering.arguments import describe_args, diff, unwrap_static
 from jmodule._lowering.state import Slot
 
@@ -162,6 +162,12 @@ class Plan:
     #: ``jm.compile``'s per-call form: where each object stood among the arguments
     #: (-1: an array argument), or None when the whole argument tree is passed.
     positions: tuple[int, ...] | None = None
+    #: What the trace of ``key`` read from Python (``guards.Guards``; None: not traced
+    #: yet, or nothing to guard). A call whose guards changed traces again.
+    code: Any = None
+    #: ``(container, key, uncommitted, committed)`` of the slots ``_plan_for`` committed
+    #: to their device: put back if the program turns out to span other devices.
+    committed: tuple = ()
 
 
 class _Reread(Exception):
@@ -188,8 +194,15 @@ class Program:
         name: str,
         jit_options: dict,
         arg_names: Sequence[str] | None = None,
+        source: Callable | None = None,
     ):
         self.fn = fn
+        #: The user's function the program runs (``jm.compile``), for its guards.
+        self.source = source
+        #: Per structure key: the guards of its latest trace (``guards.collect``).
+        self.guards: dict[Any, guards.Guards | None] = {}
+        #: XLA compiles of programs dropped (stale or superseded), for ``num_compiles``.
+        self._dropped_compiles = 0
         self.name = name
         self.jit_options = jit_options
         self.arg_names = arg_names
@@ -242,7 +255,32 @@ class Program:
             )
         self._infos = plan.infos
         plan.jitted = fn
+        plan.code = self.guards.get(plan.key)
         return fn
+
+    @property
+    def num_compiles(self) -> int:
+        """How many XLA executables the program's ``jax.jit`` functions have compiled."""
+        fns = [*self.entries.values(), *(d.jitted for d in self.donations.values())]
+        return self._dropped_compiles + sum(_compiles(f) for f in fns)
+
+    def stale(self, plan: Plan) -> None:
+        """Forget the program of ``plan``'s key: its guards changed (the next call traces)."""
+        code, key = plan.code, plan.key
+        if code is not None and self.guards.get(key) is code:
+            del self.guards[key]
+            dropped = [self.entries.pop(key, None), self.donations.pop(key, None)]
+            self._dropped_compiles += sum(
+                _compiles(f if not isinstance(f, Donation) else f.jitted)
+                for f in dropped
+                if f is not None
+            )
+            self._last_sig.pop(key, None)
+            self._replay = {s: r for s, r in self._replay.items() if s[0] != key}
+            self._pending_reason = code.reason or "the Python the program ran changed"
+            self._infos = None
+        plan.jitted = plan.fast = plan.last = plan.fresh = None
+        plan.code = None
 
     def donating(self, plan: Plan, donated: tuple[int, ...], kept: tuple[int, ...]) -> Donation:
         """A ``jax.jit`` for ``plan``'s key that donates the slots ``donated`` and reads ``kept``.
@@ -257,6 +295,8 @@ class Program:
             return made
         if made is None:
             self._note_structure(plan.infos)
+        else:
+            self._dropped_compiles += _compiles(made.jitted)
         fn = jax.jit(
             functools.partial(self._pure_donating, plan.key, donated, kept),
             donate_argnums=(0,),
@@ -341,6 +381,9 @@ class Program:
                 or "input or state sharding, device or weak type changed"
             )
         self._last_sig[key] = (state_sig, arg_sig)
+        plan.code = self.guards[key] = guards.collect(
+            self.source, plan.named_modules, guards.hook_functions
+        )
         self.num_traces += 1
         self.reasons.append(reason)
         logger.info("compiling %s (trace %d): %s", self.name, self.num_traces, reason)
@@ -387,6 +430,12 @@ class Program:
         if compact and not idx:
             return out, None
         return out, Changed(idx, new)
+
+
+def _compiles(fn: Any) -> int:
+    """Executables in a ``jax.jit`` function's cache (0 where jax does not say)."""
+    size = getattr(fn, "_cache_size", None)
+    return size() if size is not None else 0
 
 
 # ----------------------------------------------------------------------------- per call
@@ -596,6 +645,8 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
             changed, out = made.jitted([vals[i] for i in idx], [vals[i] for i in keep], *tail)
         except _Redonate as redo:
             wanted = redo.changed
+            if program.donations.get(plan.key) is made:  # traced, never compiled
+                del program.donations[plan.key]
             continue
         except _Reread:  # pass the gradients it reads, and trace again
             vals = read_state(program, plan)

@@ -239,6 +239,15 @@ _METADATA = frozenset(
 )
 
 
+#: What a cell's ``__qualname__`` says: ``torch.typename``, which torch's errors use to
+#: name a non-tensor (``torch.optim.Adam(model.parameters())`` raises "optimizer can only
+#: optimize Tensors, but one of the params is jmodule.nn.parameter.<this>"), reads it.
+TORCH_OPTIM_HINT = (
+    "{cls} (a jmodule {cls}, which torch cannot use: for torch.optim.X(model.parameters()) "
+    "use jm.optim.X(model.parameters()), with the same names and arguments)"
+)
+
+
 class Cell:
     """Array behaviour shared by Parameter and Buffer, delegating to the value.
 
@@ -262,6 +271,8 @@ class Cell:
         # Everything jax.Array has: shape, dtype, ndim, size, T, device,
         # sharding, reshape, sum, astype, ...
         if name.startswith("__") or name == "_value":
+            if name == "__qualname__":  # how torch.typename names us: see TORCH_OPTIM_HINT
+                return TORCH_OPTIM_HINT.format(cls=type(self).__qualname__)
             raise AttributeError(name)
         v = self.__dict__["_value"]
         if isinstance(v, jax.ShapeDtypeStruct):

@@ -1,19 +1,21 @@
-"""Errors of ``jm.jit``, and the messages that explain an untraceable forward.
+"""Errors of ``jm.jit``.
 
-A forward that cannot be traced fails inside JAX with a generic error
-(``TracerBoolConversionError`` and friends). :func:`untraceable` turns it into
-a :class:`TracingError` that names the module, shows the source line and says
-how to fix it.
+The messages that explain an untraceable forward (:class:`TracingError`) live
+in ``jmodule/_lowering/errors.py``, shared with ``model.compile()`` and
+``jm.compile``; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import linecache
-import os
 from collections.abc import Sequence
 from typing import Any
 
-import jax
+from jmodule._lowering.errors import _FIX_OUTPUT, _TEMPLATE, _WHY_OUTPUT, EAGER_SCRIPT
+from jmodule._lowering.errors import JitError as JitError
+from jmodule._lowering.errors import TracingError as TracingError
+from jmodule._lowering.errors import locate as locate
+from jmodule._lowering.errors import untraceable as untraceable
+from jmodule._lowering.errors import untraceable_types as untraceable_types
 
 __all__ = [
     "IncompatibleVersionError",
@@ -22,18 +24,6 @@ __all__ = [
     "ProgramFileError",
     "TracingError",
 ]
-
-
-class JitError(RuntimeError):
-    """Base class of the errors ``jm.jit`` raises."""
-
-
-class TracingError(JitError):
-    """A forward cannot be compiled: it needs concrete array values while tracing.
-
-    The message names the module and source line and says how to fix it.
-    The JAX error is chained as ``__cause__``.
-    """
 
 
 class NotTracedError(JitError):
@@ -56,174 +46,17 @@ NOT_TRACED = (
 )
 
 
-# ----------------------------------------------------------------------- untraceable forwards
-
-_WHY_BOOL = (
-    "Python control flow (if/while/and/or/assert) looked at an array value. A compiled "
-    "forward is traced once with abstract arrays, so it cannot branch on their values."
-)
-_FIX_BOOL = (
-    "compute both sides and select with jnp.where(cond, a, b), or branch with "
-    "jax.lax.cond(pred, true_fn, false_fn, *operands); if the condition is a setting rather "
-    "than data, pass it as a Python (non-array) argument or a module attribute: non-array "
-    "arguments are static, and each new value compiles once."
-)
-_WHY_CONCRETE = (
-    "The forward needs a concrete Python value of an array (.item(), float(x), int(x), a "
-    "shape or index computed from array values). A compiled forward is traced once with "
-    "abstract arrays, so array values are not known while tracing."
-)
-_FIX_CONCRETE = (
-    "keep the value an array (use x instead of x.item() or float(x)); use jax.lax.cond or "
-    "jnp.where instead of deciding in Python; if it must be a Python value, pass it as a "
-    "non-array argument (static: each new value compiles once)."
-)
-_WHY_SHAPE = (
-    "The forward computes an array whose shape depends on array values (boolean-mask "
-    "indexing, jnp.nonzero/jnp.unique without size=, ...). XLA programs have static shapes."
-)
-_FIX_SHAPE = (
-    "keep shapes fixed: jnp.where(mask, x, 0) instead of x[mask], or give a static size "
-    "(jnp.nonzero(x, size=n, fill_value=...))."
-)
-_WHY_NUMPY = (
-    "The forward converted an array to numpy (np.asarray, np.* functions on arrays). "
-    "Numpy runs in Python on concrete values, which a traced forward does not have."
-)
-_FIX_NUMPY = "use the jax.numpy (jnp) function instead of the numpy one."
-_WHY_SYMBOLIC = (
-    "With dynamic_batch=True, dimension 0 of the inputs is symbolic, and this line makes "
-    "a Python decision that depends on its value ({detail})."
-)
-_FIX_SYMBOLIC = (
-    "avoid Python decisions on the batch size (reshape with -1 rather than a computed "
-    "size, keep per-sample logic in jnp), or save with dynamic_batch=False."
-)
-_WHY_OUTPUT = "The forward returned {what}, which is not an array."
-_FIX_OUTPUT = (
-    "return arrays only (any tuple/list/dict of arrays); keep Python values as module "
-    "attributes, or return them as arrays (jnp.asarray)."
-)
-
-_TEMPLATE = (
-    "Cannot compile the forward of {where}: {why}\n"
-    "{location}"
-    "Fix: {fix}\n"
-    'To run this module uncompiled instead, use jm.jit.script(model, fallback="eager").\n'
-    "(JAX said: {jax})"
-)
-
-
-def _kinds() -> list[tuple[type, str, str]]:
-    from jax._src.export.shape_poly import InconclusiveDimensionOperation
-
-    errors = jax.errors
-    return [
-        (InconclusiveDimensionOperation, _WHY_SYMBOLIC, _FIX_SYMBOLIC),
-        (errors.TracerBoolConversionError, _WHY_BOOL, _FIX_BOOL),
-        (errors.NonConcreteBooleanIndexError, _WHY_SHAPE, _FIX_SHAPE),
-        (errors.TracerArrayConversionError, _WHY_NUMPY, _FIX_NUMPY),
-        (errors.TracerIntegerConversionError, _WHY_CONCRETE, _FIX_CONCRETE),
-        (errors.ConcretizationTypeError, _WHY_CONCRETE, _FIX_CONCRETE),
-    ]
-
-
-def untraceable_types() -> tuple[type, ...]:
-    """The JAX exceptions that mean "this forward cannot be traced"."""
-    return tuple(kind for kind, _, _ in _kinds())
-
-
-_INTERNAL = (
-    os.sep + os.path.join("jax", ""),
-    os.sep + os.path.join("jaxlib", ""),
-    os.sep + os.path.join("numpy", ""),
-    os.path.join("jmodule", "_lowering", ""),
-    os.path.join("jmodule", "jit", ""),
-    os.path.join("jmodule", "nn", "modules", "_call.py"),
-    os.path.join("jmodule", "nn", "parameter.py"),
-)
-
-
-def _internal(filename: str) -> bool:
-    return any(part in filename for part in _INTERNAL)
-
-
-def locate(
-    exc: BaseException, named_modules: Sequence[tuple[str, Any]]
-) -> tuple[str, str | None, int | None, str | None]:
-    """Where ``exc`` was raised: (module description, ``"file", line n, in f``, line, source).
-
-    The module is the innermost one of ``named_modules`` whose method is on the
-    traceback; the line is the innermost frame outside JAX and jmodule's
-    machinery.
-    """
-    paths = {id(m): (p, m) for p, m in named_modules}
-    module_where = None
-    frame_info: tuple[str, int, str] | None = None
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        filename = frame.f_code.co_filename
-        if not _internal(filename):
-            frame_info = (filename, tb.tb_lineno, frame.f_code.co_name)
-            owner = frame.f_locals.get("self")
-            if id(owner) in paths:
-                module_where = paths[id(owner)]
-        tb = tb.tb_next
-    if module_where is None and named_modules:
-        module_where = named_modules[0]
-    where = "the module"
-    if module_where is not None:
-        path, module = module_where
-        name = type(module).__name__
-        where = f"'{path}' ({name})" if path else f"the root module ({name})"
-    if frame_info is None:
-        return where, None, None, None
-    filename, lineno, function = frame_info
-    source = linecache.getline(filename, lineno).strip() or None
-    return where, f'"{filename}", line {lineno}, in {function}', lineno, source
-
-
-def untraceable(exc: BaseException, named_modules: Sequence[tuple[str, Any]]) -> TracingError:
-    """The :class:`TracingError` explaining JAX error ``exc`` (raise it ``from exc``)."""
-    why, fix = _WHY_CONCRETE, _FIX_CONCRETE
-    for kind, kind_why, kind_fix in _kinds():
-        if isinstance(exc, kind):
-            why, fix = kind_why, kind_fix
-            break
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    why = why.format(detail=first_line)
-    where, place, lineno, source = locate(exc, named_modules)
-    return TracingError(
-        _TEMPLATE.format(
-            where=where,
-            why=why,
-            location=_location(place, lineno, source),
-            fix=fix,
-            jax=f"{type(exc).__name__}: {first_line}",
-        )
-    )
-
-
 def bad_output(what: str, path: str, named_modules: Sequence[tuple[str, Any]]) -> TracingError:
     """The :class:`TracingError` for a forward that returned a non-array leaf."""
     root = named_modules[0][1] if named_modules else None
     where = f"the root module ({type(root).__name__})" if root is not None else "the module"
     return TracingError(
         _TEMPLATE.format(
-            where=where,
+            eager=EAGER_SCRIPT,
+            where=f"the forward of {where}",
             why=_WHY_OUTPUT.format(what=f"{what} at output{path}"),
             location="",
             fix=_FIX_OUTPUT,
             jax="nothing: jm.jit checked the output before JAX saw it",
         )
     )
-
-
-def _location(place: str | None, lineno: int | None, source: str | None) -> str:
-    if place is None:
-        return ""
-    text = f"  File {place}\n"
-    if source:
-        text += f"    {source}\n"
-    return text

@@ -24,6 +24,7 @@ recompiles.
 
 from __future__ import annotations
 
+import logging
 import operator
 import warnings
 from collections import defaultdict
@@ -47,6 +48,8 @@ from jmodule.optim._packed import (
     place_of,
     replicated_like,
 )
+
+logger = logging.getLogger("jmodule.optim")
 
 __all__ = ["Optimizer", "ParamsT", "TorchOptimizer"]
 
@@ -276,10 +279,20 @@ class Optimizer:
         if closure is not None:
             loss = self._run_closure(closure)
         self._opt_called = True
+        stepped = False
         for i, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if params:
+                stepped = True
                 self._step_group(i, group, params)
+        if not stepped and _state.tracing() and not self.__dict__.get("_jm_told_no_grads"):
+            self.__dict__["_jm_told_no_grads"] = True  # once per optimizer
+            logger.info(
+                "%s.step() in a compiled function found no parameter with a .grad, so it "
+                "changed nothing (as in PyTorch). Compute the gradients first in the same "
+                "function: loss = jm.backward(lambda: loss_fn(model(x), y)); opt.step().",
+                type(self).__name__,
+            )
         return loss
 
     def _run_closure(self, closure: Callable[[], Any]) -> Any:

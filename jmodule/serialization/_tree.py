@@ -106,6 +106,14 @@ def flatten(obj: Any) -> tuple[dict, list[Leaf]]:
                 "data). Allocate it first, e.g. model.to_empty(device='cpu') and "
                 "reset_parameters()."
             )
+        if callable(getattr(type(x), "state_dict", None)):  # a module or an optimizer
+            raise TypeError(
+                f"cannot save '{path or '<root>'}' of type {type(x).__name__}: jm.save "
+                "stores arrays and containers, not objects with code (torch.save pickles "
+                "the class; jm does not). Save its state_dict instead: "
+                "jm.save(model.state_dict(), path), and restore it with "
+                "model.load_state_dict(jm.load(path))."
+            )
         raise TypeError(
             f"cannot save '{path or '<root>'}' of type {type(x).__name__}: jm.save stores "
             f"{SUPPORTED}. Convert it to one of these first (for example a dataclass with "

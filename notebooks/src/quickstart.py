@@ -10,8 +10,10 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 from sklearn.datasets import load_digits
+from tqdm.auto import tqdm
 
 import jmodule as jm
 import jmodule.nn.functional as F
@@ -91,17 +93,24 @@ def accuracy(model):
 
 
 rng = np.random.default_rng(0)
-for epoch in range(10):
+losses = []  # one array per step: no host sync inside the loop
+for epoch in (bar := tqdm(range(10), desc="training")):
     order = rng.permutation(len(x_train))
     for start in range(0, len(order) - 63, 64):
         idx = order[start : start + 64]
-        loss = train_step(model, opt, x_train[idx], y_train[idx])
+        losses.append(train_step(model, opt, x_train[idx], y_train[idx]))
     scheduler.step()
-    print(
-        f"epoch {epoch}: loss {float(loss):.3f}, lr {scheduler.get_last_lr()[0]:.2e}, "
-        f"test accuracy {accuracy(model):.3f}"
-    )
-print(jm.compile_stats(train_step))
+    bar.set_postfix(loss=f"{float(losses[-1]):.3f}", accuracy=f"{accuracy(model):.3f}")
+print(f"test accuracy {accuracy(model):.3f}", jm.compile_stats(train_step))
+
+# %% [markdown]
+# The loss curve (the per-step losses stayed on the device until now):
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot(np.asarray(jnp.stack(losses)))
+ax.set(xlabel="step", ylabel="training loss", yscale="log")
+plt.show()
 
 # %% [markdown]
 # ## Checkpoint with Orbax, and resume

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -21,10 +22,22 @@ def linear(input: Any, weight: Any, bias: Any = None) -> jax.Array:
     >>> F.linear(jnp.ones((2, 3)), jnp.ones((4, 3))).shape
     (2, 4)
     """
-    out = jnp.matmul(as_array(input), as_array(weight).T)
+    x, w = as_array(input), as_array(weight)
+    if w.ndim == 2 and x.ndim >= 1 and x.shape[-1] != w.shape[1]:
+        raise RuntimeError(_matmul_shapes(x.shape, w.shape))
+    out = jnp.matmul(x, w.T)
     if bias is not None:
         out = out + as_array(bias)
     return out
+
+
+def _matmul_shapes(x: tuple, w: tuple) -> str:
+    """PyTorch's message for ``linear`` on an input whose last dimension is not ``w``'s."""
+    rows = math.prod(x[:-1]) if len(x) > 1 else 1
+    return (
+        f"mat1 and mat2 shapes cannot be multiplied ({rows}x{x[-1]} and {w[1]}x{w[0]}): "
+        f"the input's last dimension ({x[-1]}) must equal the weight's in_features ({w[1]})"
+    )
 
 
 def relu(input: Any, inplace: bool = False) -> jax.Array:

@@ -6,6 +6,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from jmodule._lowering import errors as _errors
 from jmodule._lowering import state
 from jmodule._lowering.recorder import BackwardHooks
 from jmodule.nn.modules import _hooks
@@ -158,7 +159,13 @@ class CallMixin:
         recorder = state.local.recorder
         if recorder is not None:  # a gradient is being taken: it may restore this module
             recorder.enter(self)
-        return self._call_impl(*args, **kwargs)
+        try:
+            return self._call_impl(*args, **kwargs)
+        except RuntimeError as e:  # explain an input deleted by donation
+            deleted = _errors.deleted_input(e, (args, kwargs))
+            if deleted is None:
+                raise
+            raise deleted from e
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` with the forward hooks, as PyTorch's ``_call_impl``."""

@@ -78,6 +78,15 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input: Any) -> jax.Array:
+        shape = getattr(input, "shape", None)
+        if shape is not None and len(shape) >= 1 and shape[-1] != self.in_features:
+            raise RuntimeError(
+                f"{self._get_name()}({self.extra_repr()}) got an input of shape {tuple(shape)}: "
+                f"its last dimension must be in_features={self.in_features}. (PyTorch says: "
+                f"mat1 and mat2 shapes cannot be multiplied "
+                f"({math.prod(shape[:-1]) if len(shape) > 1 else 1}x{shape[-1]} "
+                f"and {self.in_features}x{self.out_features}))"
+            )
         return F.linear(input, self.weight, self.bias)
 
     def extra_repr(self) -> str:
