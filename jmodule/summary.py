@@ -8,6 +8,7 @@ memory analysis of the compiled forward.
 from __future__ import annotations
 
 import html
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,18 @@ class LayerRow:
     dtypes: tuple[str, ...]
 
 
+_HEADER = ("Layer (type)", "Output shape", "Param #", "Bytes", "Dtype")
+_LEFT = (0, 1, 4)  # text columns; the others are numbers, right-aligned
+
+
 @dataclass
 class Summary:
-    """The table ``jm.summary`` prints; ``str()`` is the text, Jupyter shows HTML."""
+    """The table ``jm.summary`` prints.
+
+    ``str()`` is the text table. In Jupyter the summary shows once, as an HTML
+    table (its plain-text form, for frontends without HTML, is the same text
+    as ``print``); ``repr()`` is one line.
+    """
 
     model_name: str
     rows: list[LayerRow]
@@ -46,58 +56,126 @@ class Summary:
     flops: float | None = None
     memory: dict[str, int] = field(default_factory=dict)
 
-    def _lines(self) -> list[list[str]]:
-        out = []
-        for r in self.rows:
-            shapes = ", ".join(str(list(s)) for s in r.output_shapes) or "-"
-            out.append(
-                [
-                    "  " * r.depth + (f"{r.path} ({r.kind})" if r.path else r.kind),
-                    shapes,
-                    f"{r.params:,}",
-                    f"{r.bytes:,}",
-                    ",".join(r.dtypes) or "-",
-                ]
-            )
-        return out
+    def _cells(self, r: LayerRow) -> list[str]:
+        shapes = ", ".join(str(list(s)) for s in r.output_shapes) or "-"
+        label = f"{r.path} ({r.kind})" if r.path else r.kind
+        return [label, shapes, f"{r.params:,}", f"{r.bytes:,}", ",".join(r.dtypes) or "-"]
 
-    def __str__(self) -> str:
-        header = ["Layer (type)", "Output shape", "Param #", "Bytes", "Dtype"]
-        lines = self._lines()
-        widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
-        rule = "=" * (sum(widths) + 2 * (len(widths) - 1))
-
-        def fmt(row: list[str]) -> str:
-            return "  ".join(
-                c.ljust(w) if i in (0, 1, 4) else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths))
-            )
-
-        text = [rule, fmt(header), rule, *(fmt(r) for r in lines), rule]
-        text.append(f"Total params: {self.total_params:,}")
-        text.append(f"Trainable params: {self.trainable_params:,}")
-        text.append(f"Non-trainable params: {self.total_params - self.trainable_params:,}")
-        text.append(
-            f"Params size: {self.param_bytes:,} bytes; buffers: {self.buffer_bytes:,} bytes"
-        )
+    def _footer(self) -> list[str]:
+        text = [
+            f"Total params: {self.total_params:,}",
+            f"Trainable params: {self.trainable_params:,}",
+            f"Non-trainable params: {self.total_params - self.trainable_params:,}",
+            f"Params size: {self.param_bytes:,} bytes; buffers: {self.buffer_bytes:,} bytes",
+        ]
         if self.flops is not None:
             text.append(f"Compiled forward: {self.flops:,.0f} FLOPs (XLA cost analysis)")
         if self.memory:
             parts = ", ".join(f"{k} {v:,} B" for k, v in self.memory.items())
             text.append(f"Compiled forward memory: {parts}")
-        text.append(rule)
-        return "\n".join(text)
+        return text
+
+    def __str__(self) -> str:
+        lines = []
+        for r in self.rows:
+            cells = self._cells(r)
+            lines.append(["  " * r.depth + cells[0], *cells[1:]])
+        widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(_HEADER)]
+        rule = "=" * (sum(widths) + 2 * (len(widths) - 1))
+
+        def fmt(row: list[str] | tuple[str, ...]) -> str:
+            return "  ".join(
+                c.ljust(w) if i in _LEFT else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths))
+            )
+
+        text = [rule, fmt(_HEADER), rule, *(fmt(r) for r in lines), rule]
+        return "\n".join([*text, *self._footer(), rule])
+
+    def __repr__(self) -> str:
+        return (
+            f"<Summary of {self.model_name}: {len(self.rows)} modules, "
+            f"{self.total_params:,} parameters>"
+        )
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
 
     def _repr_html_(self) -> str:
+        """One HTML table: a row per module, indented by depth, the totals in its footer."""
+        cell = "padding:0.15em 0.6em;border:none;"
+
+        def align(i: int) -> str:
+            return "text-align:left;" if i in _LEFT else "text-align:right;"
+
         head = "".join(
-            f"<th>{h}</th>" for h in ["Layer (type)", "Output shape", "Param #", "Bytes", "Dtype"]
+            f'<th style="{cell}{align(i)}border-bottom:1px solid currentColor;">{h}</th>'
+            for i, h in enumerate(_HEADER)
         )
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in self._lines()
+        body = []
+        for r in self.rows:
+            cells = self._cells(r)
+            tds = [
+                f'<td style="{cell}text-align:left;white-space:pre;'
+                f'padding-left:{0.6 + 1.5 * r.depth:g}em;">{html.escape(cells[0])}</td>'
+            ]
+            tds += [
+                f'<td style="{cell}{align(i)}white-space:pre;">{html.escape(c)}</td>'
+                for i, c in enumerate(cells[1:], start=1)
+            ]
+            body.append(f"<tr>{''.join(tds)}</tr>")
+        foot = "".join(
+            f'<tr><td colspan="{len(_HEADER)}" style="{cell}text-align:left;">'
+            f"{html.escape(line)}</td></tr>"
+            for line in self._footer()
         )
-        foot = html.escape(str(self).split("\n", 3)[-1]) if self.rows else ""
-        return f"<table><tr>{head}</tr>{body}</table><pre>{foot}</pre>"
+        return (
+            '<table class="jm-summary" style="border-collapse:collapse;'
+            'font-family:monospace;margin-left:0;margin-right:auto;">'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+            f'<tfoot style="border-top:1px solid currentColor;">{foot}</tfoot></table>'
+        )
+
+
+def _ipython_shell() -> Any:
+    """The running IPython shell (Jupyter kernel or terminal), or None."""
+    ipython = sys.modules.get("IPython")  # never import IPython for a script
+    return None if ipython is None else ipython.get_ipython()
+
+
+_pending: list[Summary] = []
+_hooked: set[int] = set()
+
+
+def _show_after_cell(exec_result: Any) -> None:
+    """``post_run_cell``: display the summaries the cell did not already show."""
+    from IPython.display import display
+
+    shown = getattr(exec_result, "result", None)
+    pending = _pending[:]
+    _pending.clear()
+    for s in pending:
+        if s is not shown:
+            display(s)
+
+
+def _show(result: Summary) -> None:
+    """Print the summary, or in IPython show it exactly once per cell.
+
+    A cell ending in ``jm.summary(...)`` displays the returned table itself;
+    printing it too would show it twice. So in IPython the summary is
+    displayed when the cell ends, unless it was the cell's result (as
+    matplotlib's inline backend shows figures): ``jm.summary(...);`` and
+    ``s = jm.summary(...)`` show it once as well.
+    """
+    shell = _ipython_shell()
+    if shell is None:
+        print(result)
+        return
+    if id(shell) not in _hooked:
+        shell.events.register("post_run_cell", _show_after_cell)
+        _hooked.add(id(shell))
+    _pending.append(result)
 
 
 def _nbytes(x: Any) -> int:
@@ -106,6 +184,9 @@ def _nbytes(x: Any) -> int:
 
 def summary(model: Any, *example_inputs: Any, compiled: bool = True, **kwargs: Any) -> Summary:
     """Print and return a per-layer table of ``model`` run on ``example_inputs``.
+
+    In Jupyter (or any IPython shell) the table is not printed but displayed
+    once, as HTML, whether or not the cell ends with the call.
 
     Args:
         model: the module.
@@ -186,5 +267,5 @@ def summary(model: Any, *example_inputs: Any, compiled: bool = True, **kwargs: A
                 "outputs": int(mem.output_size_in_bytes),
                 "temporaries": int(mem.temp_size_in_bytes),
             }
-    print(result)
+    _show(result)
     return result

@@ -529,11 +529,11 @@ def test_repr_with_custom_extra_repr_and_none_children():
     assert j == t
 
 
-def test_repr_html_exists_and_names_the_tree():
+def test_jupyter_html_exists_and_names_the_tree():
     import treescope
 
     net = cls(JM, "Net")()
-    assert net._repr_html_().startswith("<")  # treescope's (compressed) HTML
+    assert net._repr_mimebundle_()["text/html"].startswith("<")  # treescope's (compressed) HTML
     text = treescope.render_to_text(net)
     assert "Net(" in text and "BatchNorm1d(" in text
 

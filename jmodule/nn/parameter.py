@@ -113,6 +113,11 @@ class Parameter(Cell):
     def __repr__(self) -> str:
         return f"Parameter containing:\n{state.peek(self)!r}"
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        from jmodule._display import parameter_repr
+
+        return parameter_repr(self, path, subtree_renderer)
+
     def __deepcopy__(self, memo: dict) -> Parameter:
         # As PyTorch, a copy starts without ``.grad``; other attributes are kept.
         out = Parameter.__new__(type(self))

@@ -546,10 +546,11 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
                 main += "\n  " + "\n  ".join(lines) + "\n"
         return main + ")"
 
-    def _repr_html_(self) -> str:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Jupyter's HTML: the module's treescope tree (``text/plain`` stays ``repr``)."""
         from jmodule._display import module_html
 
-        return module_html(self)
+        return {"text/html": module_html(self)}
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
         from jmodule._display import treescope_repr
