@@ -41,6 +41,8 @@ from jmodule.serialization._map_location import MapLocation
 
 ARRAYS = "arrays"
 FORMAT = "jmodule.checkpoint"
+#: The options of the Orbax ``PyTreeCheckpointHandler`` that writes ``arrays/``.
+ORBAX_OPTIONS = {"use_ocdbt": True, "use_zarr3": True, "use_compression": False}
 _MAX_NAMED = 8
 
 
@@ -111,7 +113,7 @@ def _is_checkpoint_or_empty(path: Path) -> bool:
 def _checker():
     import orbax.checkpoint as ocp  # on first use: importing Orbax takes 0.2 s
 
-    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False)
+    handler = ocp.PyTreeCheckpointHandler(**ORBAX_OPTIONS)
     return ocp, ocp.Checkpointer(handler)
 
 
