@@ -78,11 +78,6 @@ class Batch:
         """Every checksum started, in the order started."""
         return [f.result() for f in self._futures]
 
-    def then(self, fn: Callable[[list[str]], Any]) -> concurrent.futures.Future:
-        """Run ``fn(checksums)`` on the batch's thread once every checksum so far is done."""
-        futures = list(self._futures)
-        return self._pool.submit(lambda: fn([f.result() for f in futures]))
-
     def __enter__(self) -> Batch:
         return self
 

@@ -5,8 +5,7 @@ Layout of a committed checkpoint ``ckpt/``::
     ckpt/arrays/         an Orbax PyTree checkpoint (OCDBT, zarr3, no compression)
                          of {"a0": array, "a1": array, ...}
     ckpt/jmodule.json    the tree skeleton, each array's key, dtype, shape and
-                         checksum (CRC-32C; CRC-32 in checkpoints written before),
-                         user metadata; SHA-256 guarded
+                         CRC-32, user metadata; written last, SHA-256 guarded
 
 Zero-size arrays (which Orbax refuses) live only in ``jmodule.json``.
 
@@ -199,28 +198,21 @@ def _write_here(prepared: Prepared, final: Path, overwrite: bool) -> Path:
         # CRC-32C runs at memory speed without the GIL, so it is computed while Orbax
         # writes. A sharded array gets one checksum per distinct shard, taken from
         # the device holding it: nothing is gathered into one host buffer.
-        # jmodule.json, which needs them, is written (and flushed) as soon as they are
-        # known, also while Orbax writes: the directory is only ever seen under its
-        # final name, after the commit below.
         pieces = [_pieces(x, key) for key, x in zip(prepared.keys, arrays)]
-
-        def describe(flat: list[str]) -> None:
-            crcs, shard_crcs, at = [], [], 0
-            for p in pieces:
-                n = 1 if p is None else len(p[1])
-                crcs.append(flat[at] if p is None else "per shard")
-                table = None if p is None else [[b, c] for b, c in zip(p[0], flat[at : at + n])]
-                shard_crcs.append(table)
-                at += n
-            _metafile.write(staging, _body(prepared, crcs, shard_crcs))
-
         with _checksum.Batch() as batch:
             for x, p in zip(arrays, pieces):
                 for data in [x] if p is None else p[1]:
                     batch.add(data)
-            described = batch.then(describe)
             _save_arrays(staging, stored)
-            described.result()
+            flat = batch.results()
+        crcs, shard_crcs, at = [], [], 0
+        for p in pieces:
+            n = 1 if p is None else len(p[1])
+            crcs.append(flat[at] if p is None else "per shard")
+            table = None if p is None else [[b, c] for b, c in zip(p[0], flat[at : at + n])]
+            shard_crcs.append(table)
+            at += n
+        _metafile.write(staging, _body(prepared, crcs, shard_crcs))
         _atomic.fsync_tree(staging)
         try:
             _atomic.commit(staging, final, tag, overwrite)
