@@ -5,7 +5,12 @@ Layout of a committed checkpoint ``ckpt/``::
     ckpt/arrays/         an Orbax PyTree checkpoint (OCDBT, zarr3, no compression)
                          of {"a0": array, "a1": array, ...}
     ckpt/jmodule.json    the tree skeleton, each array's key, dtype, shape and
-                         CRC-32, user metadata; written last, SHA-256 guarded
+                         checksum (CRC-32C; CRC-32 in checkpoints written before),
+                         user metadata; written last, SHA-256 guarded
+
+Loading reads the arrays with TensorStore, through the spec Orbax reads them
+with, straight into their target placement (Orbax's own restore in a job of
+several processes), and checks each against its checksum.
 
 Zero-size arrays (which Orbax refuses) live only in ``jmodule.json``.
 
@@ -602,7 +607,7 @@ def _read_direct(
             raise _unreadable(src, keys, error, e.key) from None
 
     opening = [ts.open(spec(e.stored), open=True, read=True, context=context) for e in wanted]
-    reads = []  # (entry, target, [(index, host buffer, future)] per region)
+    reads = []  # (entry, target, [(bounds, host buffer, future)] per region)
     for e, target, future in zip(wanted, targets, opening):
         store = done(future, e)
         dtype = np.dtype(store.dtype.numpy_dtype)
