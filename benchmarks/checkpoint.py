@@ -1,18 +1,31 @@
 """Checkpoint speed: jm.save / jm.load against numpy, torch and plain Orbax, in one run.
 
 A 256 MiB state_dict of ~100 float32 arrays (sizes vary, as in a real model)
-is saved to a fresh path and loaded back, ``--repeats`` rounds in which each
-contender runs once (so changes in machine load hit them alike); medians are
-reported. jm's save is durable (every file is fsync'ed, as Orbax's
-tensorstore does by default); ``numpy.save`` and ``torch.save`` are not, so
-they are also timed with an fsync of each file they wrote ("+fsync"), the fair
-floor for a durable write. Loads read from the page cache (the files were just
-written), which measures the software, not the disk.
+is saved to a fresh path and loaded back in ``--repeats`` paired rounds: each
+contender runs once per round, in an order that reverses every other round,
+so changes in machine load hit them alike. Reported: each contender's median,
+and each issue-14 figure as the median over rounds of the *paired* ratio
+(jm / other in the same round), with its target and PASS/MISS.
+
+Fair baselines. jm's save is durable (every file it wrote is fsync'ed before
+the commit); ``numpy.save`` and ``torch.save`` are not, so they are also timed
+with an fsync of what they wrote ("+fsync"). The plain Orbax contender uses
+the very handler options jm writes with (``_directory.ORBAX_OPTIONS``: OCDBT,
+zarr3, no compression, Orbax's default concurrency) and the same durability
+(TensorStore fsyncs its data files; the other files Orbax writes are fsync'ed
+afterwards, as jm does); its restore places every array on the device with
+``ArrayRestoreArgs(sharding=...)``. Loads read from the page cache (the files
+were just written), which measures the software, not the disk.
+
+``jm.save(overwrite=True)`` returns once the new checkpoint is committed; the
+old one is deleted in a background thread. Its round is timed to the return,
+then the deletion is waited for (untimed) so it does not slow the next
+contender; "overwrite + deletion" times both.
 
 Also timed: ``CheckpointManager(async_=True).save`` (the time until control
 returns to the training loop) against a synchronous save of the same state.
 
-Run: ``.venv/bin/python benchmarks/checkpoint.py [--mib 256] [--arrays 100] [--repeats 5]``
+Run: ``.venv/bin/python benchmarks/checkpoint.py [--mib 256] [--arrays 100] [--repeats 9]``
 """
 
 from __future__ import annotations
@@ -61,15 +74,28 @@ def fsync_files(paths) -> None:
         os.close(fd)
 
 
+TARGETS = [
+    # (figure, contender, reference, target)
+    ("jm.save / plain Orbax save (same options, +fsync)", "jm.save", "orbax save +fsync", 1.05),
+    ("jm.save / torch.save +fsync", "jm.save", "torch.save +fsync", 1.0),
+    ("jm.save(overwrite=True) / jm.save fresh", "jm.save (overwrite=True)", "jm.save", 1.1),
+    ("jm.load (verified) / plain Orbax restore", "jm.load", "orbax restore", 1.05),
+    ("jm.load (verified) / torch.load(weights_only=True)", "jm.load", "torch.load", 2.0),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=float, default=256)
     parser.add_argument("--arrays", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
 
+    import orbax.checkpoint as ocp
     import torch  # the benchmark's comparison only; jm never imports torch
+
+    from jmodule.serialization import _atomic, _directory
 
     root = Path(tempfile.mkdtemp(dir=args.dir, prefix="jm-ckpt-bench-"))
     sd = make_state(args.mib, args.arrays)
@@ -79,7 +105,9 @@ def main() -> None:
     print(
         f"state_dict: {len(sd)} float32 arrays, {nbytes / 2**20:.1f} MiB, on "
         f"{jax.devices()[0].platform} ({os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.1f}); writing to {root}; {args.repeats} rounds, medians\n"
+        f"{os.getloadavg()[0]:.1f}); writing to {root}; {args.repeats} paired rounds\n"
+        f"Orbax handler options (jm's and the plain Orbax contender's): "
+        f"{_directory.ORBAX_OPTIONS}\n"
     )
 
     def fresh(path: Path):
@@ -88,28 +116,37 @@ def main() -> None:
         )
 
     results: dict[str, float] = {}
+    rounds: dict[str, list[float]] = {}
 
     def record(name: str, times: list[float]) -> None:
         results[name] = statistics.median(times)
+        rounds[name] = times
         print(
-            f"  {name:<28} median {results[name] * 1e3:8.1f} ms   min {min(times) * 1e3:8.1f} ms"
+            f"  {name:<30} median {results[name] * 1e3:8.1f} ms   min {min(times) * 1e3:8.1f} ms"
             f"   {nbytes / results[name] / 2**30:6.2f} GiB/s"
         )
 
-    def round_robin(cases: list[tuple[str, object, object]]) -> None:
-        """Time every case once per round, so load changes hit them all alike."""
-        times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
-        for _ in range(args.repeats):
-            for name, fn, before in cases:
+    def paired_rounds(cases: list[tuple[str, object, object, object]]) -> None:
+        """Time every case once per round; odd rounds run the cases in reverse order.
+
+        A case is ``(name, fn, before, after)``: ``before``/``after`` run untimed
+        around ``fn`` (``after`` waits for work ``fn`` left in the background).
+        """
+        times: dict[str, list[float]] = {name: [] for name, *_ in cases}
+        for r in range(args.repeats):
+            for name, fn, before, after in cases if r % 2 == 0 else cases[::-1]:
                 if before is not None:
                     before()
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-        for name, _, _ in cases:
+                if after is not None:
+                    after()
+        for name, *_ in cases:
             record(name, times[name])
 
     npdir, tfile, odir, jdir = root / "numpy", root / "torch.pt", root / "orbax", root / "jm"
+    wdir = root / "jm-overwritten"
 
     def np_save(sync: bool = False):
         npdir.mkdir()
@@ -123,34 +160,43 @@ def main() -> None:
     def torch_save(sync: bool = False):
         torch.save(tensors, tfile)
         if sync:
-            fsync_files([tfile])
-
-    import orbax.checkpoint as ocp
+            fsync_files([tfile, root])
 
     def orbax_save():
-        checkpointer = ocp.Checkpointer(
-            ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False)
-        )
+        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(**_directory.ORBAX_OPTIONS))
         checkpointer.save(odir, args=ocp.args.PyTreeSave(dict(sd)))
         checkpointer.close()
+        _atomic.fsync_tree(odir)  # the durability jm gives (files outside TensorStore's)
+        _atomic.fsync_dir(root)
 
+    def overwrite_and_delete():
+        jms.save(sd, wdir, overwrite=True)
+        _atomic.settle()
+
+    jms.save(sd, wdir)  # what the overwrite rounds replace
     print("save")
-    round_robin(
+    paired_rounds(
         [
-            ("numpy.save", np_save, fresh(npdir)),
-            ("numpy.save +fsync", lambda: np_save(True), fresh(npdir)),
-            ("torch.save", torch_save, fresh(tfile)),
-            ("torch.save +fsync", lambda: torch_save(True), fresh(tfile)),
-            ("orbax save (no checksums)", orbax_save, fresh(odir)),
-            ("jm.save", lambda: jms.save(sd, jdir), fresh(jdir)),
-            ("jm.save (overwrite=True)", lambda: jms.save(sd, jdir, overwrite=True), None),
+            ("numpy.save", np_save, fresh(npdir), None),
+            ("numpy.save +fsync", lambda: np_save(True), fresh(npdir), None),
+            ("torch.save", torch_save, fresh(tfile), None),
+            ("torch.save +fsync", lambda: torch_save(True), fresh(tfile), None),
+            ("orbax save +fsync", orbax_save, fresh(odir), None),
+            ("jm.save", lambda: jms.save(sd, jdir), fresh(jdir), None),
+            (
+                "jm.save (overwrite=True)",
+                lambda: jms.save(sd, wdir, overwrite=True),
+                None,
+                _atomic.settle,
+            ),
+            ("jm.save overwrite + deletion", overwrite_and_delete, None, None),
         ]
     )
 
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     def orbax_load():
-        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(**_directory.ORBAX_OPTIONS))
         restore = {k: ocp.ArrayRestoreArgs(sharding=sharding) for k in sd}
         jax.block_until_ready(
             checkpointer.restore(odir, args=ocp.args.PyTreeRestore(restore_args=restore))
@@ -158,15 +204,21 @@ def main() -> None:
         checkpointer.close()
 
     print("load (from the page cache)")
-    round_robin(
+    paired_rounds(
         [
-            ("numpy.load", lambda: [np.load(npdir / f"{i}.npy") for i in range(len(sd))], None),
-            ("torch.load", lambda: torch.load(tfile, weights_only=True), None),
-            ("orbax restore (no checksums)", orbax_load, None),
-            ("jm.load", lambda: jax.block_until_ready(jms.load(jdir)), None),
+            (
+                "numpy.load",
+                lambda: [np.load(npdir / f"{i}.npy") for i in range(len(sd))],
+                None,
+                None,
+            ),
+            ("torch.load", lambda: torch.load(tfile, weights_only=True), None, None),
+            ("orbax restore", orbax_load, None, None),
+            ("jm.load", lambda: jax.block_until_ready(jms.load(jdir)), None, None),
             (
                 "jm.load verify=False",
                 lambda: jax.block_until_ready(jms.load(jdir, verify=False)),
+                None,
                 None,
             ),
         ]
@@ -192,16 +244,37 @@ def main() -> None:
     record("save, async_=True (on disk)", async_total)
 
     r = results
-    print("\nratios (jm / other; below 1 means jm is faster)")
-    print(f"  save: jm / numpy        {r['jm.save'] / r['numpy.save']:5.2f}x")
-    print(f"  save: jm / numpy+fsync  {r['jm.save'] / r['numpy.save +fsync']:5.2f}x")
-    print(f"  save: jm / torch        {r['jm.save'] / r['torch.save']:5.2f}x")
-    print(f"  save: jm / torch+fsync  {r['jm.save'] / r['torch.save +fsync']:5.2f}x")
-    print(f"  save: jm / orbax        {r['jm.save'] / r['orbax save (no checksums)']:5.2f}x")
-    print(f"  load: jm / orbax        {r['jm.load'] / r['orbax restore (no checksums)']:5.2f}x")
-    print(f"  load: jm / numpy        {r['jm.load'] / r['numpy.load']:5.2f}x")
-    print(f"  load: jm / torch        {r['jm.load'] / r['torch.load']:5.2f}x")
-    print(f"  load: jm (no verify) / numpy {r['jm.load verify=False'] / r['numpy.load']:5.2f}x")
+    paired = lambda a, b: statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+    print("\nissue 14 figures (median of the per-round ratios; medians' ratio; target)")
+    figures = []
+    for text, name, ref, target in TARGETS:
+        median = paired(name, ref)
+        verdict = "PASS" if median <= target else "MISS"
+        print(
+            f"  {text:<52} {median:5.2f}x  (medians {r[name] / r[ref]:5.2f}x)"
+            f"  target <= {target:.2f}  {verdict}"
+        )
+        regime = "page cache" if name.startswith("jm.load") else "durable"
+        figures.append(
+            {
+                "figure": text,
+                "regime": regime,
+                "ratio": min(rounds[name]) / min(rounds[ref]),
+                "median_ratio": median,
+                "target": target,
+            }
+        )
+    print("\nother ratios (median of the per-round ratios; below 1 means jm is faster)")
+    for name, ref in [
+        ("jm.save", "numpy.save +fsync"),
+        ("jm.save", "torch.save"),
+        ("jm.save overwrite + deletion", "jm.save"),
+        ("orbax save +fsync", "torch.save +fsync"),
+        ("orbax restore", "torch.load"),
+        ("jm.load verify=False", "torch.load"),
+        ("jm.load", "numpy.load"),
+    ]:
+        print(f"  {name} / {ref}: {paired(name, ref):5.2f}x")
     fraction = r["save, async_=True (returns)"] / r["save, async_=False"]
     print(f"  async save returns after {100 * fraction:.1f}% of a synchronous save's time")
     print(f"(load average at the end: {os.getloadavg()[0]:.1f})")
@@ -209,23 +282,34 @@ def main() -> None:
     size = f"{nbytes / 2**20:.0f} MiB state_dict of {len(sd)} arrays"
     us = {k: v * 1e6 for k, v in r.items()}
     pick = lambda *names: {n: us[n] for n in names}
+    save_names = [
+        "torch.save +fsync",
+        "numpy.save",
+        "numpy.save +fsync",
+        "torch.save",
+        "orbax save +fsync",
+        "jm.save",
+        "jm.save (overwrite=True)",
+    ]
+    load_names = ["torch.load", "numpy.load", "orbax restore", "jm.load", "jm.load verify=False"]
+    manager_names = ["save, async_=False", "save, async_=True (returns)"]
+    save_title = f"checkpoint save, {size}"
+    load_title = f"checkpoint load, {size}"
+    manager_title = f"CheckpointManager.save of a {size}, until control returns"
+    per_round = lambda names: {n: [t * 1e6 for t in rounds[n]] for n in names}
     save_results(
         "checkpoint",
         {
-            f"checkpoint save, {size}": pick(
-                "numpy.save",
-                "numpy.save +fsync",
-                "torch.save",
-                "orbax save (no checksums)",
-                "jm.save",
-            ),
-            f"checkpoint load, {size}": pick(
-                "numpy.load", "torch.load", "orbax restore (no checksums)", "jm.load"
-            ),
-            f"CheckpointManager.save of a {size}, until control returns": pick(
-                "save, async_=False", "save, async_=True (returns)"
-            ),
+            save_title: pick(*save_names),
+            load_title: pick(*load_names),
+            manager_title: pick(*manager_names),
         },
+        rounds={
+            save_title: per_round(save_names),
+            load_title: per_round(load_names),
+            manager_title: per_round(manager_names),
+        },
+        figures=figures,
     )
 
 

@@ -78,6 +78,7 @@ class ThreadOutcome:
 def thread_trial(directory: Path, overwrite: bool = False, mb: float = 0.25) -> ThreadOutcome:
     """Two threads save to ``directory/ckpt`` at once (released by one barrier)."""
     import jmodule.serialization as jms
+    from jmodule.serialization import _atomic
 
     path = directory / "ckpt"
     if overwrite:
@@ -101,6 +102,7 @@ def thread_trial(directory: Path, overwrite: bool = False, mb: float = 0.25) -> 
         t.start()
     for t in threads:
         t.join()
+    _atomic.settle()  # replaced checkpoints are deleted in the background
     try:
         obj = jms.load(path)
     except jms.CheckpointError:

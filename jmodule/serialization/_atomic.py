@@ -15,14 +15,19 @@ whose rename is atomic. (Checking for ``<name>`` before writing only fails
 early.) A save that loses leaves nothing behind: the caller removes its staging.
 
 Overwriting renames the old checkpoint aside to ``.<name>.jm-old-<tag>``
-first, then the new one in, then deletes the old::
+first, then the new one in, then deletes the old, in a background thread
+(deleting hundreds of MB takes about as long as a third of writing them; the
+save returns once the new checkpoint is in place, and :func:`settle` waits for
+the deletions)::
 
     killed before the first rename   -> <name> is the old checkpoint
     killed between the two renames   -> <name> is missing; old and new are
                                         both whole on the side: readers use
                                         the new one, the next save renames
                                         it into place
-    killed after the second rename   -> <name> is the new checkpoint
+    killed after the second rename   -> <name> is the new checkpoint (and the
+                                        old one, on the side, is removed by the
+                                        next save or manager start)
 
 If another overwriting writer commits between those two renames, the second
 one fails as above; this writer then deletes the checkpoint it moved aside
@@ -43,6 +48,7 @@ import re
 import secrets
 import shutil
 import socket
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,6 +62,8 @@ _TAKEN = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR})
 _STUCK = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, *_TAKEN})
 #: Rounds of an overwrite that other overwriting writers keep beating to the name.
 _ROUNDS = 100
+#: Name (prefix) of the threads deleting replaced checkpoints; see :func:`settle`.
+_DISCARDING = "jm-discard"
 _LEFTOVER = re.compile(
     r"^\.(?P<name>.+)\.jm-(?P<kind>tmp|old|del)-(?P<tag>[0-9a-f]{8}-\d+-[0-9a-f]+)$"
 )
@@ -154,6 +162,23 @@ def rmtree(path: Path) -> bool:
     return not (path.exists() or path.is_symlink())
 
 
+def discard(path: Path) -> None:
+    """Delete ``path`` (hidden, no longer needed) in a background thread.
+
+    The thread is not a daemon: Python waits for it before exiting, so a
+    process that ends normally leaves nothing behind; one killed meanwhile
+    leaves a hidden leftover that :func:`repair` removes.
+    """
+    threading.Thread(target=rmtree, args=(path,), name=f"{_DISCARDING} {path.name}").start()
+
+
+def settle() -> None:
+    """Wait until the deletions this process started with :func:`discard` are done."""
+    for thread in threading.enumerate():
+        if thread.name.startswith(_DISCARDING) and thread is not threading.current_thread():
+            thread.join()
+
+
 def _exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
@@ -204,7 +229,7 @@ def commit(staging: Path, final: Path, tag: str, overwrite: bool) -> None:
             continue
         fsync_dir(parent)
         if moved:
-            rmtree(aside)
+            discard(aside)
         return
     raise FileExistsError(
         errno.EEXIST, f"other saves kept committing there ({_ROUNDS} rounds)", str(final)

@@ -5,7 +5,12 @@ Layout of a committed checkpoint ``ckpt/``::
     ckpt/arrays/         an Orbax PyTree checkpoint (OCDBT, zarr3, no compression)
                          of {"a0": array, "a1": array, ...}
     ckpt/jmodule.json    the tree skeleton, each array's key, dtype, shape and
-                         CRC-32, user metadata; written last, SHA-256 guarded
+                         checksum (CRC-32C; CRC-32 in checkpoints written before),
+                         user metadata; written last, SHA-256 guarded
+
+Loading reads the arrays with TensorStore, through the spec Orbax reads them
+with, straight into their target placement (Orbax's own restore in a job of
+several processes), and checks each against its checksum.
 
 Zero-size arrays (which Orbax refuses) live only in ``jmodule.json``.
 
@@ -42,6 +47,8 @@ from jmodule.serialization._map_location import MapLocation
 
 ARRAYS = "arrays"
 FORMAT = "jmodule.checkpoint"
+#: The options of the Orbax ``PyTreeCheckpointHandler`` that writes ``arrays/``.
+ORBAX_OPTIONS = {"use_ocdbt": True, "use_zarr3": True, "use_compression": False}
 _MAX_NAMED = 8
 
 
@@ -112,7 +119,7 @@ def _is_checkpoint_or_empty(path: Path) -> bool:
 def _checker():
     import orbax.checkpoint as ocp  # on first use: importing Orbax takes 0.2 s
 
-    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False)
+    handler = ocp.PyTreeCheckpointHandler(**ORBAX_OPTIONS)
     return ocp, ocp.Checkpointer(handler)
 
 
@@ -194,13 +201,16 @@ def _write_here(prepared: Prepared, final: Path, overwrite: bool) -> Path:
     try:
         arrays = prepared.arrays
         stored = {f"a{i}": x for i, x in enumerate(arrays) if x.size > 0}
-        # Checksums first: run alongside Orbax's writer threads they slow both down.
-        # A sharded array gets one checksum per distinct shard, taken from the
-        # device holding it: nothing is gathered into one host buffer.
+        # Checksums first: CRC-32C takes a few % of the write's time, and computed
+        # alongside Orbax's writer threads it slowed the write by more than that
+        # (2 cores: 1.11x a plain Orbax save alongside, 0.96x before; see
+        # benchmarks/checkpoint.py). A sharded array gets one checksum per distinct
+        # shard, taken from the device holding it: nothing is gathered into one buffer.
         pieces = [_pieces(x, key) for key, x in zip(prepared.keys, arrays)]
-        flat = _checksum.crc32_many(
-            [data for x, p in zip(arrays, pieces) for data in ([x] if p is None else p[1])]
-        )()
+        flat = _checksum.many(
+            data for x, p in zip(arrays, pieces) for data in ([x] if p is None else p[1])
+        )
+        _save_arrays(staging, stored)
         crcs, shard_crcs, at = [], [], 0
         for p in pieces:
             n = 1 if p is None else len(p[1])
@@ -208,7 +218,6 @@ def _write_here(prepared: Prepared, final: Path, overwrite: bool) -> Path:
             table = None if p is None else [[b, c] for b, c in zip(p[0], flat[at : at + n])]
             shard_crcs.append(table)
             at += n
-        _save_arrays(staging, stored)
         _metafile.write(staging, _body(prepared, crcs, shard_crcs))
         _atomic.fsync_tree(staging)
         try:
@@ -336,8 +345,8 @@ def _global_checksums(arrays: list[Any]) -> tuple[list[str], list[list | None]]:
                 work.append(shard.data)
         at += len(rs)
     table = np.zeros((max(at, 1), 2), np.uint32)  # (have, crc) per region
-    for slot, crc in zip(slots, _checksum.crc32_many(work)()):
-        table[slot] = (1, int(crc.removeprefix("crc32:"), 16))
+    for slot, crc in zip(slots, _checksum.many(work)):
+        table[slot] = (1, int(crc.partition(":")[2], 16))
     gathered = np.asarray(multihost_utils.process_allgather(table)).reshape(-1, *table.shape)
     have = gathered[..., 0].sum(axis=0)
     if at and not np.all(have[:at] == 1):
@@ -346,7 +355,9 @@ def _global_checksums(arrays: list[Any]) -> tuple[list[str], list[list | None]]:
             f"being saved ({int(np.sum(have[:at] != 1))} shard(s) held by none or several); "
             "do all processes call jm.save with the same object?"
         )
-    crc_of = [f"crc32:{int(c):08x}" for c in gathered[..., 1].sum(axis=0, dtype=np.uint64)]
+    crc_of = [
+        f"{_checksum.ALGORITHM}:{int(c):08x}" for c in gathered[..., 1].sum(axis=0, dtype=np.uint64)
+    ]
     crcs, shard_crcs, at = [], [], 0
     for rs in regions:
         if rs is None:
@@ -518,7 +529,137 @@ def _source(final: Path) -> Path:
     return src
 
 
+def _unreadable(
+    src: Path, keys: dict[str, str], error: BaseException, key: str | None = None
+) -> CorruptCheckpointError:
+    """The error for arrays of ``src`` that cannot be read.
+
+    It names ``key``, else the keys whose stored names (``keys``: stored name
+    -> key) the text of ``error`` mentions.
+    """
+    text = str(error)
+    names = re.findall(r"(?<![\w.])(a\d+)/|name=(a\d+)\b", text)
+    named = (
+        [key] if key is not None else sorted({keys[n] for pair in names for n in pair if n in keys})
+    )
+    which = f" (key {', '.join(repr(k) for k in named)})" if named else ""
+    short = text if len(text) < 600 else text[:600] + " ..."
+    return CorruptCheckpointError(
+        f"cannot read the arrays of '{src}'{which}: {type(error).__name__}: {short}"
+    )
+
+
+def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized C-ordered host array whose data starts on a 64-byte boundary.
+
+    JAX places such an array on a CPU device without copying it.
+    """
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + 64, np.uint8)
+    at = -raw.ctypes.data % 64
+    return raw[at : at + n].view(dtype).reshape(shape)
+
+
+def _read_direct(
+    src: Path, entries: list[_Entry], place: MapLocation, verify: bool
+) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """Read the stored arrays with TensorStore, straight into their target placement.
+
+    Opens each array with the TensorStore spec and context Orbax itself reads
+    it with (``orbax.checkpoint.type_handlers``), so this is Orbax's read of
+    Orbax's format, less its per-array Python machinery. Each distinct shard
+    of the target sharding is read once into a 64-byte aligned host buffer
+    (which a CPU device then uses without a copy) and placed on its devices.
+    With ``verify``, the checksum of each whole array read is computed while
+    the next ones are read.
+
+    Returns:
+        ``(stored name -> array, stored name -> checksum of the bytes read)``,
+        or ``None`` if some target sharding spans other processes (Orbax
+        restores those).
+
+    Raises:
+        CorruptCheckpointError: an array cannot be read.
+    """
+    import orbax.checkpoint as ocp  # on first use: importing Orbax takes 0.2 s
+    import tensorstore as ts
+
+    wanted = [e for e in entries if e.stored is not None]
+    targets = [None if _host_restored(e) else place.sharding(e.shape, e.key) for e in wanted]
+    if any(t is not None and not t.is_fully_addressable for t in targets):
+        return None
+    keys = {e.stored: e.key for e in wanted}
+    # Orbax allows 128 file reads at once, for remote storage; a local file (mostly
+    # from the page cache) reads faster with about one per core (on 2 cores: ~20%).
+    context = ocp.type_handlers.get_ts_context(
+        use_ocdbt=True, file_io_concurrency_limit=max(4, os.cpu_count() or 1)
+    )
+
+    def spec(name: str) -> dict:
+        info = ocp.type_handlers.ParamInfo(
+            name=name,
+            parent_dir=src / ARRAYS,
+            is_ocdbt_checkpoint=True,
+            use_zarr3=True,
+            ts_context=context,
+        )
+        return ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=True)
+
+    def done(future: Any, e: _Entry) -> Any:
+        try:
+            return future.result()
+        except Exception as error:  # any failure to read is a damaged checkpoint
+            raise _unreadable(src, keys, error, e.key) from None
+
+    opening = [ts.open(spec(e.stored), open=True, read=True, context=context) for e in wanted]
+    reads = []  # (entry, target, [(bounds, host buffer, future)] per region)
+    for e, target, future in zip(wanted, targets, opening):
+        store = done(future, e)
+        dtype = np.dtype(store.dtype.numpy_dtype)
+        if tuple(store.shape) != e.shape or dtype != e.dtype:
+            target = None  # read as stored, to the host: _verify names the mismatch
+        if target is None or isinstance(target, jax.sharding.SingleDeviceSharding):
+            regions = [tuple((0, n) for n in store.shape)]
+        else:
+            by_device = target.addressable_devices_indices_map(e.shape)
+            regions = list(dict.fromkeys(_bounds(i, e.shape) for i in by_device.values()))
+        parts = []
+        for bounds in regions:
+            buf = _aligned(tuple(b - a for a, b in bounds), dtype)
+            view = store[tuple(slice(a, b) for a, b in bounds)][ts.d[:].translate_to[0]]
+            parts.append((bounds, buf, ts.array(buf, copy=False, write=True).write(view)))
+        reads.append((e, target, parts))
+    out: dict[str, Any] = {}
+    with _checksum.Batch() as batch:
+        summed = []
+        for e, target, parts in reads:
+            for _, _, future in parts:
+                done(future, e)
+            algorithm = _checksum.algorithm_of(e.crc32)
+            if verify and len(parts) == 1 and e.shards is None and algorithm is not None:
+                batch.add(parts[0][1], algorithm)  # while the next arrays are read
+                summed.append(e.stored)
+            out[e.stored] = _placed(e, target, parts)
+        sums = dict(zip(summed, batch.results()))
+    return out, sums
+
+
+def _placed(e: _Entry, target: Any, parts: list) -> Any:
+    """The array read into ``parts`` (``(bounds, host buffer, done)`` per region) on ``target``."""
+    if target is None:
+        return parts[0][1]
+    if isinstance(target, jax.sharding.SingleDeviceSharding):
+        return jax.device_put(parts[0][1], target)
+    data = {bounds: buf for bounds, buf, _ in parts}
+    shards = [
+        jax.device_put(data[_bounds(index, e.shape)], device)
+        for device, index in target.addressable_devices_indices_map(e.shape).items()
+    ]
+    return jax.make_array_from_single_device_arrays(e.shape, target, shards)
+
+
 def _read_arrays(src: Path, entries: list[_Entry], place: MapLocation) -> dict[str, Any]:
+    """Restore the stored arrays through Orbax (used where :func:`_read_direct` does not)."""
     wanted = [e for e in entries if e.stored is not None]
     if not wanted:
         return {}
@@ -540,15 +681,7 @@ def _read_arrays(src: Path, entries: list[_Entry], place: MapLocation) -> dict[s
             src / ARRAYS, args=ocp.args.PyTreeRestore(restore_args=args)
         )
     except Exception as error:  # any failure to read is a damaged checkpoint
-        text = str(error)
-        names = re.findall(r"(?<![\w.])(a\d+)/|name=(a\d+)\b", text)
-        keys = {e.stored: e.key for e in wanted}
-        named = sorted({keys[n] for pair in names for n in pair if n in keys})
-        which = f" (key {', '.join(repr(k) for k in named)})" if named else ""
-        short = text if len(text) < 600 else text[:600] + " ..."
-        raise CorruptCheckpointError(
-            f"cannot read the arrays of '{src}'{which}: {type(error).__name__}: {short}"
-        ) from None
+        raise _unreadable(src, {e.stored: e.key for e in wanted}, error) from None
     finally:
         checkpointer.close()
     if not isinstance(restored, dict) or set(restored) != {e.stored for e in wanted}:
@@ -600,9 +733,14 @@ def _spread_checks(x: jax.Array, regions: tuple) -> list[tuple[Any, str]]:
     return out
 
 
-def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
+def _verify(
+    src: Path, entries: list[_Entry], values: list[Any], known: dict[int, str] | None = None
+) -> None:
     """Compare each array (or each saved shard's region of it) with its saved checksum.
 
+    Each checksum is recomputed with the algorithm it names (``crc32c``, or
+    ``crc32`` in checkpoints written before). ``known`` gives checksums
+    already computed of whole arrays (entry index -> checksum of its bytes).
     A saved shard is checked on its region of the restored array, whatever
     its new sharding: only that region comes to the host. Arrays spread over
     several processes are checked shard by shard where their shards are (see
@@ -611,6 +749,7 @@ def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
     Raises:
         CorruptCheckpointError: naming the arrays whose data or shape is wrong.
     """
+    known = known or {}
     problems: dict[int, str] = {}
     work, owners = [], []
     for i, (e, x) in enumerate(zip(entries, values)):
@@ -618,6 +757,13 @@ def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
             problems[i] = f"{e.key} (read {tuple(x.shape)} {x.dtype}, saved {e.shape} {e.dtype})"
             continue
         regions = e.shards or ((None, e.crc32),)
+        if any(_checksum.algorithm_of(crc) is None for _, crc in regions):
+            problems[i] = f"{e.key} (a checksum of a kind jm does not know)"
+            continue
+        if i in known:
+            if known[i] != e.crc32:
+                problems[i] = e.key
+            continue
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             checks = _spread_checks(x, regions)
         else:
@@ -628,7 +774,7 @@ def _verify(src: Path, entries: list[_Entry], values: list[Any]) -> None:
         for data, crc in checks:
             work.append(data)
             owners.append((i, crc))
-    crcs = _checksum.crc32_many(work)()
+    crcs = _checksum.many(work, [_checksum.algorithm_of(want) for _, want in owners])
     for (i, want), got in zip(owners, crcs):
         if got != want:
             problems.setdefault(i, entries[i].key)
@@ -667,13 +813,15 @@ def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True)
             for e in entries
         ]
     else:
-        restored = _read_arrays(src, entries, place)
+        direct = _read_direct(src, entries, place, verify) if not multiprocess() else None
+        restored, sums = direct if direct is not None else (_read_arrays(src, entries, place), {})
         values = [
             restored[e.stored] if e.stored is not None else np.zeros(e.shape, e.dtype)
             for e in entries
         ]
         if verify:
-            _verify(src, entries, values)
+            known = {i: sums[e.stored] for i, e in enumerate(entries) if e.stored in sums}
+            _verify(src, entries, values, known)
         arrays = []
         for e, x in zip(entries, values):
             if isinstance(x, np.ndarray):
