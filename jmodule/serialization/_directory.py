@@ -663,10 +663,6 @@ def _read_arrays(src: Path, entries: list[_Entry], place: MapLocation) -> dict[s
     wanted = [e for e in entries if e.stored is not None]
     if not wanted:
         return {}
-    try:  # Orbax would block on a FIFO and read a device without end
-        _untrusted.walk_regular(src / ARRAYS, CorruptCheckpointError)
-    except FileNotFoundError:
-        pass  # Orbax names what is missing
     ocp, checkpointer = _checker()
     args = {}
     for e in wanted:
@@ -813,6 +809,10 @@ def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True)
             for e in entries
         ]
     else:
+        try:  # TensorStore / Orbax would block on a FIFO and read a device without end
+            _untrusted.walk_regular(src / ARRAYS, CorruptCheckpointError)
+        except FileNotFoundError:
+            pass  # the reader names what is missing
         direct = _read_direct(src, entries, place, verify) if not multiprocess() else None
         restored, sums = direct if direct is not None else (_read_arrays(src, entries, place), {})
         values = [
