@@ -2,6 +2,7 @@
 
 from jmodule.nn import functional as functional
 from jmodule.nn import init as init
+from jmodule.nn import utils as utils
 from jmodule.nn.flax import FlaxModule as FlaxModule
 from jmodule.nn.flax import to_flax as to_flax
 from jmodule.nn.modules import CELU as CELU
