@@ -168,10 +168,10 @@ def fuse_linear_bn_eval(linear: LinearT, bn: Module) -> LinearT:
     """
     _check_eval(linear, bn)
     fused = copy.deepcopy(linear)
-    if not (linear.out_features == bn.num_features or bn.num_features == 1):
+    if linear.out_features != bn.num_features and bn.num_features != 1:
         raise AssertionError(
-            "To fuse, linear.out_features must equal bn.num_features OR bn.num_features must "
-            "equal 1"
+            "To fuse, linear.out_features == bn.num_features or bn.num_features == 1, "
+            f"got linear.out_features={linear.out_features} and bn.num_features={bn.num_features}"
         )
     _check_stats(bn)
     fused.weight, fused.bias = fuse_linear_bn_weights(
