@@ -472,3 +472,24 @@ def test_fusion_without_running_stats_errors_as_torch():
     assert _error(lambda: jm.nn.utils.fuse_conv_bn_eval(jc, jb)) == _error(
         lambda: torch.nn.utils.fuse_conv_bn_eval(tc, tb)
     )
+
+
+def test_compiled_clipping_skips_frozen_parameters_as_torch():
+    t, j = _models()
+    t[0].weight.requires_grad_(False)
+    j[0].weight.requires_grad_(False)
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+
+    @jm.compile
+    def step(model, x):
+        for p in model.parameters():
+            p.grad = None
+        jm.backward(lambda: (model(x) ** 2).sum())
+        return jm.nn.utils.clip_grad_norm_(model.parameters(), 0.01, norm_type=math.inf)
+
+    j_norm = step(j, jnp.asarray(x))
+    (t(torch.from_numpy(x)) ** 2).sum().backward()
+    t_norm = torch.nn.utils.clip_grad_norm_(t.parameters(), 0.01, norm_type=math.inf)
+    np.testing.assert_allclose(float(j_norm), float(t_norm), rtol=1e-5)
+    assert j[0].weight.grad is None and t[0].weight.grad is None
+    _assert_grads(list(t.parameters()), list(j.parameters()), rtol=1e-5, atol=1e-8)

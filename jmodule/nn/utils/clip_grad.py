@@ -13,6 +13,7 @@ traced. There it raises a ``RuntimeError`` saying so (check
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,6 +39,24 @@ _TRACED_NONFINITE = (
     "a Python error on a value. Pass error_if_nonfinite=False, return the total norm from "
     "the step and check it outside (bool(jnp.isfinite(norm))), or call it eagerly."
 )
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _total_norm(arrays: list[Any], norm_type: float) -> jax.Array:
+    """The norm of the per-array norms (one program for all arrays: eagerly one dispatch)."""
+    norms = [jnp.linalg.vector_norm(jnp.ravel(a), ord=norm_type) for a in arrays]
+    return jnp.linalg.vector_norm(jnp.stack(norms), ord=norm_type)
+
+
+@jax.jit
+def _scaled(grads: list[Any], max_norm: Any, total_norm: Any) -> list[Any]:
+    coef = jnp.minimum(max_norm / (total_norm + 1e-6), 1.0)
+    return [(g * coef).astype(g.dtype) for g in grads]
+
+
+@jax.jit
+def _clamped(grads: list[Any], clip_value: Any) -> list[Any]:
+    return [jnp.clip(g, -clip_value, clip_value).astype(g.dtype) for g in grads]
 
 
 def _as_list(items: ArraysT) -> list[Any]:
@@ -103,8 +122,7 @@ def get_total_norm(
     norm_type = float(norm_type)
     if not arrays:
         return jnp.zeros((), jnp.float32)
-    norms = [jnp.linalg.vector_norm(jnp.ravel(a), ord=norm_type) for a in arrays]
-    total = jnp.linalg.vector_norm(jnp.stack(norms), ord=norm_type)
+    total = _total_norm(arrays, norm_type)
     if error_if_nonfinite:
         if isinstance(total, jax.core.Tracer):
             raise RuntimeError(_TRACED_NONFINITE)
@@ -145,10 +163,9 @@ def clip_grads_with_norm_(
     params, grads = _grads(parameters)
     if not grads:
         return
-    max_norm = _scalar(max_norm)
-    coef = jnp.minimum(max_norm / (_state.value(total_norm) + 1e-6), 1.0)
-    for p, g in zip(params, grads):
-        p.grad = (g * coef).astype(g.dtype)
+    new = _scaled(grads, _scalar(max_norm), _state.value(total_norm))
+    for p, g in zip(params, new):
+        p.grad = g
 
 
 def clip_grad_norm_(
@@ -225,5 +242,5 @@ def clip_grad_value_(
     _check_foreach(foreach)
     clip_value = _scalar(clip_value)
     params, grads = _grads(parameters)
-    for p, g in zip(params, grads):
-        p.grad = jnp.clip(g, -clip_value, clip_value).astype(g.dtype)
+    for p, g in zip(params, _clamped(grads, clip_value)):
+        p.grad = g
