@@ -8,7 +8,10 @@ clipping is arithmetic (no Python branch on a value), as PyTorch's is.
 One difference JAX forces: ``error_if_nonfinite=True`` needs the norm's value
 to decide whether to raise, which a compiled program does not have while it is
 traced. There it raises a ``RuntimeError`` saying so (check
-``jnp.isfinite(total_norm)`` on the returned norm after the step instead).
+``jnp.isfinite(total_norm)`` on the returned norm after the step instead). A
+check compiled into the program (a host callback that raises) would surface
+only as an XLA runtime error after the step has consumed its donated
+buffers, leaving the model's arrays deleted.
 """
 
 from __future__ import annotations
@@ -65,11 +68,6 @@ def _as_list(items: ArraysT) -> list[Any]:
     return list(items)
 
 
-def _check_foreach(foreach: bool | None) -> None:
-    if foreach not in (None, True, False):
-        raise TypeError(f"foreach must be None, True or False, got {foreach!r}")
-
-
 def _scalar(x: Any) -> Any:
     """A Python number as ``float`` (as PyTorch does), an array as itself (traced is fine)."""
     if isinstance(x, (int, float)):
@@ -117,7 +115,7 @@ def get_total_norm(
     >>> jm.nn.utils.get_total_norm([jnp.array([3.0, -4.0])], norm_type=float("inf"))
     Array(4., dtype=float32)
     """
-    _check_foreach(foreach)
+    del foreach  # one fused program either way
     arrays = [_state.value(t) for t in _as_list(tensors)]
     norm_type = float(norm_type)
     if not arrays:
@@ -159,7 +157,7 @@ def clip_grads_with_norm_(
     >>> w.grad.round(4)
     Array([0.6, 0.8], dtype=float32)
     """
-    _check_foreach(foreach)
+    del foreach  # one fused program either way
     params, grads = _grads(parameters)
     if not grads:
         return
@@ -207,7 +205,6 @@ def clip_grad_norm_(
     >>> w.grad.round(4)
     Array([0.6, 0.8], dtype=float32)
     """
-    _check_foreach(foreach)
     params = _as_list(parameters)
     max_norm = _scalar(max_norm)
     _, grads = _grads(params)
@@ -239,7 +236,7 @@ def clip_grad_value_(
     >>> w.grad
     Array([-1. ,  0.5,  1. ], dtype=float32)
     """
-    _check_foreach(foreach)
+    del foreach  # one fused program either way
     clip_value = _scalar(clip_value)
     params, grads = _grads(parameters)
     for p, g in zip(params, _clamped(grads, clip_value)):
