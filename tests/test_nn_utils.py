@@ -168,7 +168,7 @@ def _models():
     return t, j
 
 
-def test_clipping_inside_a_compiled_step_matches_eager():
+def test_clipping_inside_a_compiled_step_matches_torch():
     t, j = _models()
     x = RNG.standard_normal((6, 3)).astype(np.float32)
     tx = torch.from_numpy(x)
