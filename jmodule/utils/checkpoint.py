@@ -236,7 +236,9 @@ def checkpoint(
     on ``jax.checkpoint``: the same values and gradients as calling
     ``function`` directly, with only the region's inputs kept for the
     backward pass (or what ``policy`` saves). Memory falls in a compiled
-    training step, where XLA would otherwise keep every activation.
+    training step on GPU and TPU; XLA:CPU drops the barriers that keep the
+    recomputation in the backward pass before it schedules, so there it
+    costs time and saves no memory (``benchmarks/remat.py``).
 
     Args:
         function: what to run: a module, a bound method, or any function of
