@@ -272,6 +272,24 @@ def test_buffer_of_a_module_not_held_raises():
     _close(_GLOBAL_BN.running_mean, jnp.zeros(4))
 
 
+def test_buffer_of_a_module_not_held_raises_compiled():
+    """Inside jm.compile too (the program binds the module, the region does not hold it)."""
+
+    class Outer(jm.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = _GLOBAL_BN
+
+        def forward(self, x):
+            return checkpoint(_uses_global, x, use_reentrant=False)
+
+    model = Outer()
+    step = jm.compile(lambda m, x: m(x))
+    with pytest.raises(jm.TracerLeakError, match="does not hold"):
+        step(model, X)
+    _close(_GLOBAL_BN.running_mean, jnp.zeros(4))
+
+
 def test_nested_checkpoint_and_outputs_pytree():
     lin = jm.nn.Linear(4, 4)
 

@@ -180,13 +180,21 @@ def _run(
         for i, v in zip(where, dynamic):
             filled[i] = v
         a, kw = jax.tree_util.tree_unflatten(treedef, filled)
-        with binding.bound([*slots, key_slot], [*buffer_values, key]):
-            try:
-                out = fn(*a, **kw)
-            except binding.TracerLeakError as e:
-                raise binding.TracerLeakError(_UNTHREADED_BUFFER) from e
-            new_buffers = [state.value(c[k]) for c, k in slots]
-            new_key = key_slot[0][key_slot[1]]
+        # Inside the region only its own slots count as bound: a buffer write to any
+        # other module (one an enclosing compiled program bound) would leave a value
+        # of this region's trace behind, so it raises instead (``Module._set_buffer``).
+        outer = state.local.bound
+        state.local.bound = []
+        try:
+            with binding.bound([*slots, key_slot], [*buffer_values, key]):
+                try:
+                    out = fn(*a, **kw)
+                except binding.TracerLeakError as e:
+                    raise binding.TracerLeakError(_UNTHREADED_BUFFER) from e
+                new_buffers = [state.value(c[k]) for c, k in slots]
+                new_key = key_slot[0][key_slot[1]]
+        finally:
+            state.local.bound = outer
         changed = [i for i, (n, o) in enumerate(zip(new_buffers, buffer_values)) if n is not o]
         out_leaves, out_tree = jax.tree_util.tree_flatten(out, is_leaf=state.is_cell)
         out_leaves = [state.value(x) for x in out_leaves]
