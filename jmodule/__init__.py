@@ -18,6 +18,7 @@ from jmodule import nn as nn
 from jmodule import optim as optim
 from jmodule import random as random
 from jmodule import serialization as serialization
+from jmodule import utils as utils
 from jmodule._device import DeviceError as DeviceError
 from jmodule._device import DtypeError as DtypeError
 from jmodule._device import bfloat16 as bfloat16

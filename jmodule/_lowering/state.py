@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule.utils import torch_to_numpy
+from jmodule._convert import torch_to_numpy
 
 __all__ = [
     "Cell",
