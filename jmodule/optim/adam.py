@@ -20,8 +20,9 @@ bias-corrected second moment (optax's ``eps_root``, inside the root, stays
   chain passes ``eps * s`` as optax's ``eps`` and scales by ``s`` after, ``s``
   computed from the parameter's step count.
 
-The hyper-parameters are float32 arrays (a compiled step reads them as
-inputs, so schedulers never recompile it), except ``betas[1]``: float32
+The hyper-parameters are arrays (float32, float64 for a float64 group; a
+compiled step reads them as inputs, so schedulers never recompile it), except
+``betas[1]``: float32
 cannot hold ``1 - 0.999`` closely (1.3e-5 off, which shows in
 ``exp_avg_sq``), so it is a compile-time constant, as no scheduler changes it.
 """

@@ -16,7 +16,8 @@ Two kinds share this interface:
 
 State lives in plain dicts of arrays (the optax state tree flattened, its
 treedef kept aside), and hyper-parameters (``lr``, ``betas``, ...) are held
-as one float32 array per group, refreshed when the Python values change.
+as one array per group (float32; float64 when the group holds a float64
+parameter), refreshed when the Python values change.
 That is what ``jm.compile`` binds (``_jm_describe``): a compiled training
 step reads the learning rate as an input, so a scheduler changing it never
 recompiles.
@@ -65,6 +66,12 @@ CHANGED_INSIDE_HELP = (
     "options as inputs when it is called, so a change made while it runs would be lost. "
     "Change them (or step the LR scheduler) outside the compiled function."
 )
+
+
+def _hyper_dtype(params: list) -> Any:
+    """The dtype of a group's hyper-parameter array: float64 if a parameter is float64."""
+    wide = any(jnp.dtype(_state.peek(p).dtype) == jnp.float64 for p in params)
+    return np.float64 if wide else np.float32
 
 
 def _leaf_name(path: tuple) -> tuple[str, ...]:
@@ -306,7 +313,11 @@ class Optimizer:
             raise
 
     def _hyper_array(self, i: int, group: dict[str, Any]) -> jax.Array | None:
-        """The group's hyper-parameters as one float32 array (the bound one when compiled)."""
+        """The group's hyper-parameters as one array (the bound one when compiled).
+
+        float32, or float64 when the group holds a float64 parameter (x64 on), so
+        that ``lr=0.1`` is float64's 0.1 for a float64 model, as in PyTorch.
+        """
         if not self._hyper:
             return None
         key = str(i)
@@ -332,7 +343,8 @@ class Optimizer:
         if self._hp_floats.get(key) != floats:
             self._hp_floats[key] = floats
             self._hp[key] = replicated_like(
-                np.asarray(floats, dtype=np.float32), _state.peek(group["params"][0])
+                np.asarray(floats, dtype=_hyper_dtype(group["params"])),
+                _state.peek(group["params"][0]),
             )
 
     def _check_bound(self, container: dict, value: Any) -> None:
