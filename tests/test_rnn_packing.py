@@ -414,6 +414,33 @@ def test_packed_rnn_compiled_matches_torch(case):
     _close(ours(packed)[0].data, t_out.data)
 
 
+def test_compiled_forward_retraces_for_a_new_layout_of_the_same_shape():
+    # [3, 1] and [2, 2] both pack 4 rows: only the static layout tells them apart.
+    ref, ours = _pair("GRU", {}, seed=5)
+    step = jm.compile(lambda model, packed: model(packed))
+    x = _padded([3, 3], seed=6)
+    for lengths in ([3, 1], [2, 2], [3, 1]):
+        t_out, t_h = ref(trnn.pack_padded_sequence(torch.from_numpy(x), lengths))
+        out, h = step(ours, jrnn.pack_padded_sequence(jnp.asarray(x), lengths))
+        _close(out.data, t_out.data)
+        _close(h, t_h)
+    assert jm.compile_stats(step).num_traces == 2
+
+
+def test_packed_dropout_between_layers_compiled_equals_eager():
+    ref, model = _pair("LSTM", {"num_layers": 2, "dropout": 0.5})
+    packed = jrnn.pack_padded_sequence(jnp.asarray(_padded(LENGTHS)), LENGTHS, False, False)
+    jm.manual_seed(3)
+    first = model(packed)[0].data
+    assert not np.allclose(first, model(packed)[0].data)  # a fresh mask per call
+    compiled = jm.compile(lambda m, p: m(p)[0].data)
+    jm.manual_seed(3)
+    _close(compiled(model, packed), first)
+    model.eval(), ref.eval()
+    t_packed = trnn.pack_padded_sequence(torch.from_numpy(_padded(LENGTHS)), LENGTHS, False, False)
+    _close(model(packed)[0].data, ref(t_packed)[0].data)
+
+
 def test_packed_rnn_input_errors():
     packed = jrnn.pack_sequence([jnp.ones((3, IN)), jnp.ones((1, IN))])
     t_packed = trnn.pack_sequence([torch.ones(3, IN), torch.ones(1, IN)])
