@@ -189,7 +189,7 @@ FORWARD_ERRORS = [
      r"Expected hidden\[0\] size \(1, 2, 2\), got \[1, 2, 4\]"),
     (jm.nn.LSTM(IN, H), (np.zeros((T, N, IN), np.float16),),
      r"input dtype \(float16\) does not match weight dtype \(float32\)"),
-    (jm.nn.LSTM(IN, H), ((np.zeros((T, IN)), [T]),), r"jmodule has no PackedSequence"),
+    (jm.nn.LSTM(IN, H), ((np.zeros((T, IN)), [T]),), r"expects an array or a PackedSequence"),
     (jm.nn.LSTMCell(IN, H), (np.zeros((1, N, IN), np.float32),),
      r"LSTMCell: Expected input to be 1D or 2D, got 3D"),
     (jm.nn.GRUCell(IN, H), (np.zeros((N, IN), np.float32), np.zeros((N + 1, H), np.float32)),

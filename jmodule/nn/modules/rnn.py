@@ -4,9 +4,13 @@ Parameter names, shapes, order and initialisation (``U(-1/sqrt(H), 1/sqrt(H))``
 for every weight and bias) are PyTorch's, so a PyTorch ``state_dict`` loads
 unchanged. The time loop is ``jax.lax.scan`` (see ``functional/_rnn.py``).
 
-``PackedSequence`` inputs are not supported: jmodule has no packed sequences.
-Pad the batch and read each sequence's last valid step from ``output``
-instead of ``h_n``.
+``RNN``/``LSTM``/``GRU`` accept a ``PackedSequence`` (``jm.nn.utils.rnn``)
+and return one, with each sequence's final state taken at its own last step,
+as PyTorch's. A PackedSequence's layout (``batch_sizes``, ``sorted_indices``,
+``unsorted_indices``) is host data, static under ``jm.compile``: pack inside
+the compiled function from lengths given as a Python list, or pass the
+PackedSequence itself (its ``data`` is traced, its layout is part of the
+program; a new layout compiles once).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import jax.numpy as jnp
 from jmodule import _factory
 from jmodule.nn import init
 from jmodule.nn.functional import _rnn
+from jmodule.nn.functional._rnn import PackedSequence
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter, as_array
 
@@ -29,16 +34,15 @@ __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "R
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
-_PACKED_HELP = (
-    "{name} received a {type}; jmodule has no PackedSequence. Pass a padded array "
-    "(L, N, H_in) (or (N, L, H_in) with batch_first=True) and read each sequence's last "
-    "valid step from the output."
+_TUPLE_HELP = (
+    "{name} expects an array or a PackedSequence as input; got a {type}. Build packed "
+    "input with jm.nn.utils.rnn.pack_padded_sequence or pack_sequence."
 )
 
 
-def _check_packed(name: str, input: Any) -> jax.Array:
-    if isinstance(input, tuple) or type(input).__name__ == "PackedSequence":
-        raise TypeError(_PACKED_HELP.format(name=name, type=type(input).__name__))
+def _check_array(name: str, input: Any) -> jax.Array:
+    if isinstance(input, (tuple, list)):
+        raise TypeError(_TUPLE_HELP.format(name=name, type=type(input).__name__))
     return as_array(input)
 
 
@@ -186,13 +190,23 @@ class RNNBase(Module):
 
     def _prepare(self, input: Any) -> tuple[jax.Array, bool]:
         """Checks; returns ``(x as (L, N, H_in), batched)``."""
-        x = _check_packed(type(self).__name__, input)
+        x = _check_array(type(self).__name__, input)
         name = type(self).__name__
         if x.ndim not in (2, 3):
             raise ValueError(
                 f"{name}: Expected input to be 2D or 3D, got {x.ndim}D tensor instead "
                 f"(shape {tuple(x.shape)})"
             )
+        self._check_input(x)
+        batched = x.ndim == 3
+        if not batched:
+            x = x[:, None]
+        elif self.batch_first:
+            x = x.swapaxes(0, 1)
+        return x, batched
+
+    def _check_input(self, x: jax.Array) -> None:
+        name = type(self).__name__
         weight_dtype = as_array(self._flat_weights[0]).dtype
         if x.dtype != weight_dtype:
             raise ValueError(
@@ -205,12 +219,37 @@ class RNNBase(Module):
                 f"input.size(-1) must be equal to input_size. Expected {self.input_size}, "
                 f"got {x.shape[-1]}"
             )
-        batched = x.ndim == 3
-        if not batched:
-            x = x[:, None]
-        elif self.batch_first:
-            x = x.swapaxes(0, 1)
-        return x, batched
+
+    def _packed_data(self, input: PackedSequence) -> jax.Array:
+        """A PackedSequence's data, checked as PyTorch's ``check_input`` does."""
+        x = as_array(input.data)
+        if x.ndim != 2:
+            raise RuntimeError(f"input must have 2 dimensions, got {x.ndim}")
+        self._check_input(x)
+        return x
+
+    @staticmethod
+    def permute_hidden(hx: Any, permutation: Any) -> Any:
+        """``hx`` (or each of ``(h, c)``) reordered along the batch dimension, as PyTorch's."""
+        if permutation is None:
+            return hx
+        return jax.tree.map(lambda h: jnp.take(as_array(h), permutation, axis=1), hx)
+
+    def _run_packed(self, input: PackedSequence, hx: Any) -> tuple[PackedSequence, Any]:
+        """The packed forward: ``hx`` (original batch order, checked) -> (output, h_n)."""
+        hx = self.permute_hidden(hx, input.sorted_indices)
+        output, h_n = _rnn.rnn_layers(
+            self.mode,
+            self._packed_data(input),
+            hx,
+            self._layer_weights(),
+            self.num_layers,
+            self.bidirectional,
+            self.dropout,
+            self.training,
+            batch_sizes=input.batch_sizes,
+        )
+        return input._replace(data=output), self.permute_hidden(h_n, input.unsorted_indices)
 
     def _finish(self, output: jax.Array, batched: bool) -> jax.Array:
         if not batched:
@@ -229,8 +268,17 @@ class RNNBase(Module):
             self.training,
         )
 
-    def _single_forward(self, input: Any, hx: Any) -> tuple[jax.Array, jax.Array]:
+    def _single_forward(self, input: Any, hx: Any) -> tuple[Any, jax.Array]:
         """RNN and GRU: one hidden state."""
+        if isinstance(input, PackedSequence):
+            x = self._packed_data(input)
+            batch = int(input.batch_sizes[0])
+            if hx is None:
+                hx = jnp.zeros(self._hidden_shape(batch), x.dtype)
+            else:
+                hx = as_array(hx)
+                self._check_hidden(hx, self._hidden_shape(batch))
+            return self._run_packed(input, hx)
         x, batched = self._prepare(input)
         batch = x.shape[1]
         if hx is None:
@@ -284,6 +332,14 @@ class RNN(RNNBase):
     (``(N, L, H_in)`` with ``batch_first``) or unbatched ``(L, H_in)``; ``hx``
     and ``h_n`` are ``(D * num_layers, N, H)``.
 
+    ``input`` may also be a ``PackedSequence`` (``jm.nn.utils.rnn``): the
+    output is then one too, ``batch_first`` does not apply (packed data is
+    time-major), ``hx``/``h_n`` are in the batch order given to the packing
+    function, and ``h_n`` holds each sequence's state at its own last step,
+    as PyTorch's. The packed layout is host data, static under
+    ``jm.compile`` (see ``jm.nn.utils.rnn``): pack from lengths given as a
+    Python list; traced lengths raise ``TypeError``.
+
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
     >>> out, h = nn.RNN(3, 4, num_layers=2)(jnp.ones((5, 2, 3)))
@@ -317,7 +373,7 @@ class RNN(RNNBase):
 class GRU(RNNBase):
     """Gated recurrent unit layers, as ``torch.nn.GRU`` (gates ``r, z, n``).
 
-    Arguments and call as :class:`RNN` (without ``nonlinearity``).
+    Arguments and call as :class:`RNN` (without ``nonlinearity``), packed input included.
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
@@ -343,13 +399,18 @@ class LSTM(RNNBase):
 
     Call: ``lstm(input, (h_0, c_0)=None) -> (output, (h_n, c_n))``; ``h`` is
     ``(D * num_layers, N, proj_size or hidden_size)``, ``c`` is
-    ``(D * num_layers, N, hidden_size)``.
+    ``(D * num_layers, N, hidden_size)``. A ``PackedSequence`` input gives a
+    ``PackedSequence`` output, as for :class:`RNN`.
 
     >>> import jax.numpy as jnp
     >>> from jmodule import nn
     >>> out, (h, c) = nn.LSTM(3, 4, proj_size=2, batch_first=True)(jnp.ones((2, 5, 3)))
     >>> out.shape, h.shape, c.shape
     ((2, 5, 2), (1, 2, 2), (1, 2, 4))
+    >>> packed = nn.utils.rnn.pack_sequence([jnp.ones((5, 3)), jnp.ones((2, 3))])
+    >>> out, (h, c) = nn.LSTM(3, 4)(packed)
+    >>> out.data.shape, out.batch_sizes.tolist(), h.shape
+    ((7, 4), [2, 2, 1, 1, 1], (1, 2, 4))
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -357,7 +418,22 @@ class LSTM(RNNBase):
 
     def forward(
         self, input: Any, hx: tuple[Any, Any] | None = None
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    ) -> tuple[Any, tuple[jax.Array, jax.Array]]:
+        if isinstance(input, PackedSequence):
+            x = self._packed_data(input)
+            batch = int(input.batch_sizes[0])
+            if hx is None:
+                h0 = jnp.zeros(self._hidden_shape(batch), x.dtype)
+                c0 = jnp.zeros(self._hidden_shape(batch, cell=True), x.dtype)
+            else:
+                if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                    raise TypeError(
+                        f"LSTM expects hx as a pair (h_0, c_0); got {type(hx).__name__}"
+                    )
+                h0, c0 = as_array(hx[0]), as_array(hx[1])
+                self._check_hidden(h0, self._hidden_shape(batch), "hidden[0] size")
+                self._check_hidden(c0, self._hidden_shape(batch, cell=True), "hidden[1] size")
+            return self._run_packed(input, (h0, c0))
         x, batched = self._prepare(input)
         batch = x.shape[1]
         if hx is None:

@@ -1,5 +1,6 @@
 """Training utilities, as ``torch.nn.utils``: gradient clipping, flat parameter vectors,
-BatchNorm fusion, ``skip_init`` and ``stateless.functional_call``.
+BatchNorm fusion, ``skip_init``, ``stateless.functional_call`` and ``rnn`` (padded
+and packed sequences).
 
 Every function reads and writes state through jmodule's own cells (a
 parameter's ``.grad`` and value), so the gradient functions work eagerly and
@@ -21,6 +22,7 @@ inside a ``jm.compile``d training step:
 ((), True)
 """
 
+from jmodule.nn.utils import rnn as rnn
 from jmodule.nn.utils import stateless as stateless
 from jmodule.nn.utils.clip_grad import clip_grad_norm_ as clip_grad_norm_
 from jmodule.nn.utils.clip_grad import clip_grad_value_ as clip_grad_value_
