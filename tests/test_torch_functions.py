@@ -147,6 +147,8 @@ CREATION = [
     c("tensor", N(X)),
     c("tensor", N(I)),
     c("tensor", [1, 2], dtype=D("int64")),
+    c("tensor", [X[0, 0], X[0, 1]]),
+    c("tensor", [[1.5, 2], [3, 4]], dtype=D("int32")),
     c("as_tensor", N(X)),
     c("as_tensor", [1, 2]),
     c("as_tensor", X, dtype=D("float16")),
@@ -291,6 +293,14 @@ SHAPE = [
     c("tensor_split", X34, 3, 1),
     c("index_add", np.zeros((3, 4), np.float32), 0, I1, np.ones((2, 4), np.float32)),
     c("rot90", X),
+    opt(c("argwhere", BM), jit=False),
+    c("view_as_real", (X + 1j * Y).astype(np.complex64)),
+    c("view_as_complex", X234[..., :2].copy()),
+    c("polar", P, X),
+    c("complex", X, Y),
+    c("isin", I, np.array([1, 5, 7], np.int64)),
+    c("bucketize", X, np.sort(V5)),
+    c("bucketize", X, np.sort(V5), right=True),
 ]
 
 ELEMENTWISE_FLOAT = [
@@ -592,6 +602,8 @@ ERRORS = [
     bad("diagonal", X, 0, 0, 2),
     bad("pow", I, -1),
     bad("where", X, X, Y),
+    bad("complex", X, I),
+    bad("view_as_complex", X),
     bad("set_default_dtype", D("int32")),
 ]
 
@@ -626,7 +638,9 @@ def canon(x: Any) -> Any:
     """Framework-neutral data: arrays as (shape, dtype, float64 values), tuples (named
     tuples by their fields), Python scalars as (type, value)."""
     if isinstance(x, (torch.Tensor, jax.Array)):
-        return ("array", tuple(x.shape), _dtype_name(x), np.asarray(x).astype(np.float64))
+        values = np.asarray(x)
+        values = values.astype(np.complex128 if np.iscomplexobj(values) else np.float64)
+        return ("array", tuple(x.shape), _dtype_name(x), values)
     if isinstance(x, tuple):
         name = type(x).__name__
         if name in FIELDS:
@@ -935,7 +949,7 @@ sin cos pow
 no_grad enable_grad inference_mode is_tensor numel get_default_dtype set_default_dtype
 """.split()
 
-BUILTINS = ["abs", "all", "any", "max", "min", "pow", "round", "sum"]
+BUILTINS = ["abs", "all", "any", "complex", "max", "min", "pow", "round", "sum"]
 
 
 def test_every_listed_function_exists() -> None:

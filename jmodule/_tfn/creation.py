@@ -137,17 +137,21 @@ def tensor(
         inferred = _infer(data)
         if inferred is not None:
             want = inferred
+    if type(data).__module__.startswith("torch"):
+        data = arr(data)
+    if isinstance(data, (list, tuple)):
+        leaves: list = []
+        _leaves(data, leaves)
+        if any(isinstance(leaf, jax.Array) or state.is_cell(leaf) for leaf in leaves):
+            # ``jm.tensor([loss_a, loss_b])``: jnp stacks arrays (traced ones too).
+            data = jnp.asarray(jax.tree_util.tree_map(arr, data, is_leaf=state.is_cell))
     if isinstance(data, jax.Array):
         x = jnp.array(data, dtype=want, copy=True)
+    elif want is None:
+        host = np.asarray(data)
+        x = jnp.asarray(host.astype(_narrow(host.dtype), copy=False))
     else:
-        if type(data).__module__.startswith("torch"):
-            data = arr(data)
-        if want is None:
-            host = np.asarray(data)
-            want = _narrow(host.dtype) if host.dtype != object else None
-            x = jnp.asarray(host.astype(want) if want is not None else host)
-        else:
-            x = jnp.asarray(np.asarray(data) if not isinstance(data, jax.Array) else data, want)
+        x = jnp.asarray(np.asarray(data), want)
     return place(x, device)
 
 

@@ -83,6 +83,7 @@ __all__ = [
     "imag",
     "isclose",
     "isfinite",
+    "isin",
     "isinf",
     "isnan",
     "isneginf",
@@ -114,6 +115,7 @@ __all__ = [
     "neg",
     "negative",
     "not_equal",
+    "polar",
     "positive",
     "rad2deg",
     "real",
@@ -410,6 +412,35 @@ def logit(input: Any, eps: float | None = None) -> jax.Array:
     return jnp.log(p / (1 - p))
 
 
+def isin(
+    elements: Any, test_elements: Any, *, assume_unique: bool = False, invert: bool = False
+) -> jax.Array:
+    """Whether each of ``elements`` is in ``test_elements`` (bool, ``elements``' shape)."""
+    return jnp.isin(arr(elements), arr(test_elements), assume_unique=assume_unique, invert=invert)
+
+
+def polar(abs: Any, angle: Any, *, out: Any = None) -> jax.Array:
+    """The complex numbers ``abs * (cos(angle) + i sin(angle))``."""
+    r, t = arr(abs), arr(angle)
+    return jax.lax.complex(r * jnp.cos(t), r * jnp.sin(t))
+
+
+def _complex(real: Any, imag: Any, *, out: Any = None) -> jax.Array:
+    """The complex numbers ``real + i imag`` (float32 parts give complex64)."""
+    r, i = arr(real), arr(imag)
+    if not jnp.issubdtype(r.dtype, jnp.floating):
+        raise RuntimeError(
+            f"Expected both inputs to be Half, Float or Double tensors but got {r.dtype} and "
+            f"{i.dtype}"
+        )
+    if r.dtype != i.dtype:
+        raise RuntimeError(
+            f"Expected object of scalar type {r.dtype} but got scalar type {i.dtype} for "
+            "second argument"
+        )
+    return jax.lax.complex(r, i)
+
+
 def nan_to_num(
     input: Any,
     nan: float = 0.0,
@@ -461,6 +492,6 @@ def equal(input: Any, other: Any) -> bool:
 
 
 #: Public names that are Python builtins, served by ``jmodule.__getattr__``.
-BUILTIN_NAMED = {"abs": _abs, "pow": _pow, "round": _round}
+BUILTIN_NAMED = {"abs": _abs, "complex": _complex, "pow": _pow, "round": _round}
 for _name, _fn in BUILTIN_NAMED.items():
     _fn.__name__ = _fn.__qualname__ = _name

@@ -24,6 +24,7 @@ from jmodule._tfn.creation import check_torch_only
 
 __all__ = [
     "bernoulli",
+    "get_rng_state",
     "multinomial",
     "normal",
     "poisson",
@@ -34,7 +35,19 @@ __all__ = [
     "randn",
     "randn_like",
     "randperm",
+    "set_rng_state",
 ]
+
+
+def get_rng_state() -> jax.Array:
+    """The default generator's state (its JAX key, a uint32 array), as
+    ``torch.get_rng_state``; the layout is JAX's, not PyTorch's."""
+    return _random.default_generator.get_state()
+
+
+def set_rng_state(new_state: Any) -> None:
+    """Restore a state returned by :func:`get_rng_state`."""
+    _random.default_generator.set_state(new_state)
 
 
 def _key(generator: Any) -> jax.Array:

@@ -37,6 +37,7 @@ __all__ = [
     "argmin",
     "argsort",
     "bincount",
+    "bucketize",
     "count_nonzero",
     "cummax",
     "cummin",
@@ -620,6 +621,14 @@ def searchsorted(
             fn = jax.vmap(fn)
         out = fn(seq, x)
     return out.astype(jnp.int32 if out_int32 else long_dtype())
+
+
+def bucketize(
+    input: Any, boundaries: Any, *, out_int32: bool = False, right: bool = False
+) -> jax.Array:
+    """The bucket of each element of ``input`` among the sorted 1-d ``boundaries``
+    (``boundaries[i-1] < x <= boundaries[i]``, or ``<=``/``<`` with ``right=True``)."""
+    return searchsorted(boundaries, input, out_int32=out_int32, right=right)
 
 
 def _eager_only(name: str, x: jax.Array) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 from jmodule._tfn._common import arr, canon_dims, long_dtype, norm_dim
 
 __all__ = [
+    "argwhere",
     "atleast_1d",
     "atleast_2d",
     "atleast_3d",
@@ -79,6 +80,8 @@ __all__ = [
     "unbind",
     "unflatten",
     "unsqueeze",
+    "view_as_complex",
+    "view_as_real",
     "vsplit",
     "vstack",
     "where",
@@ -814,6 +817,34 @@ def nonzero(input: Any, *, as_tuple: bool = False) -> Any:
     idx = np.nonzero(np.asarray(x).reshape(x.shape or (1,)))
     out = tuple(jnp.asarray(i, long_dtype()) for i in idx)
     return out if as_tuple else jnp.stack(out, axis=1) if out else jnp.zeros((0, 0), long_dtype())
+
+
+def argwhere(input: Any) -> jax.Array:
+    """``nonzero(input)``: an ``(n, ndim)`` array of the indices of the non-zero elements.
+    Eager only."""
+    return nonzero(input)
+
+
+def view_as_real(input: Any) -> jax.Array:
+    """A complex array as real ``(..., 2)`` pairs (real, imaginary); a copy, as every JAX
+    array is."""
+    x = arr(input)
+    if not jnp.iscomplexobj(x):
+        raise RuntimeError("view_as_real is only supported for complex tensors")
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+def view_as_complex(input: Any) -> jax.Array:
+    """Real ``(..., 2)`` pairs as a complex array (float32 pairs give complex64)."""
+    x = arr(input)
+    if x.ndim == 0 or x.shape[-1] != 2:
+        raise RuntimeError("Tensor must have a last dimension of size 2")
+    if x.dtype not in (jnp.float32, jnp.float64):
+        raise RuntimeError(
+            "view_as_complex is only supported for float and double tensors, but got a tensor "
+            f"of scalar type: {_torch_name(x.dtype)}"
+        )
+    return jax.lax.complex(x[..., 0], x[..., 1])
 
 
 def where(condition: Any, input: Any = None, other: Any = None) -> Any:
