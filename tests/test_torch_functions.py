@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -535,6 +536,103 @@ MATH = [
     c("clone", X),
 ]
 
+XNAN = np.array([[1.0, np.nan, 3.0], [2.0, 0.5, -1.0]], np.float32)
+HALVES = np.array([0.5, 1.5, 2.5, -0.5, -1.5], np.float32)
+S0 = np.array(2.0, np.float32)  # 0-d
+
+# Edge cases: NaN, empty and 0-d inputs, promotion, rounding, legacy forms.
+EDGES = [
+    c("chunk", X34, 5, 1),
+    c("split", X34, 5),
+    c("squeeze", S0),
+    c("flatten", V5),
+    c("topk", V5, 0),
+    c("sort", XNAN, 1),
+    c("sort", XNAN, 1, descending=True),
+    c("argsort", XNAN, 1),
+    c("max", XNAN, 1),
+    c("max", XNAN),
+    c("argmax", XNAN, 1),
+    c("min", XNAN, 0),
+    c("cummax", XNAN, 1),
+    c("cummin", np.array([3, 1, 1, 2], np.int64), 0),
+    c("cumsum", BM, 0),
+    c("prod", BM),
+    c("std", XNAN),
+    c("std", X, 1, keepdim=True),
+    c("clamp", X, 0.5, -0.5),
+    c("clamp", I, 0.5),
+    c("clamp", X, np.zeros(3, np.float32)),
+    c("round", HALVES),
+    c("div", -I, I2, rounding_mode="trunc"),
+    c("remainder", -X, Y),
+    c("fmod", -X, Y),
+    c("floor_divide", -I, I2),
+    c("sign", np.array([-0.0, 0.0, -2.0], np.float32)),
+    c("logsumexp", np.full((2, 3), -np.inf, np.float32), 1),
+    c("softmax", np.array([[-np.inf, -np.inf]], np.float32), 1),
+    c("log_softmax", X, 0, dtype=D("float16")),
+    c("where", BM, I, X),
+    c("cat", [I, X]),
+    c("stack", [I, X]),
+    c("eye", 0),
+    c("arange", 0),
+    c("arange", 0.0, 1.0, 0.3),
+    c("arange", 1, 2.5, 0.5),
+    c("linspace", 0, 1, 0),
+    c("tril_indices", 0, 0),
+    c("meshgrid", V5, indexing="ij"),
+    c("repeat_interleave", np.array([1, 2, 0], np.int64), output_size=3),
+    c("gather", S0, 0, np.array(0, np.int64)),
+    c("index_select", X34, 0, np.array(1, np.int64)),
+    c("narrow", X34, 0, 3, 0),
+    c("unbind", np.zeros((0, 2), np.float32)),
+    c("mean", XNAN),
+    c("nanmean", XNAN),
+    c("median", np.array([1.0, 3.0, 2.0, 4.0], np.float32)),
+    c("kthvalue", X34, 1, 1),
+    c("amax", I),
+    c("logit", X),
+    c("erfinv", np.array([1.0, -1.0], np.float32)),
+    c("sqrt", -np.abs(X)),
+    c("log", np.zeros(2, np.float32)),
+    c("pow", np.zeros(2, np.float32), -1.0),
+    c("pow", I, 0),
+    c("all", X),
+    c("any", np.zeros(3, np.float32)),
+    c("count_nonzero", X34, (0, 1)),
+    c("diff", np.array([1, 4, 9], np.int64)),
+    c(
+        "searchsorted",
+        np.array([[1.0, 2.0, 3.0], [0.0, 5.0, 6.0]], np.float32),
+        np.array([[2.5], [5.0]], np.float32),
+    ),
+    c("flip", S0, ()),
+    c("roll", E0, 1),
+    c("amax", E0.reshape(0, 1), 1),
+    c("sum", E0),
+    c("prod", E0),
+    c("mean", E0),
+    c("logsumexp", E0, 0),
+    c(
+        "isclose",
+        np.array([np.inf, -np.inf, 1.0], np.float32),
+        np.array([np.inf, np.inf, 1.0], np.float32),
+    ),
+    c("nan_to_num", XN.astype(np.float16)),
+    c("lerp", X, Y, np.array(1.5, np.float32)),
+    c("matmul", V5, V5),
+    c("einsum", "i,i->", V5, V5),
+    c("einsum", "ii->i", X34[:3, :3].copy()),
+    c("cdist", X34, X34),
+    c("scatter_reduce", np.ones((3, 4), np.float32), 1, IDX, X34, "prod", include_self=False),
+    c("scatter_reduce", np.ones((3, 4), np.float32), 1, IDX, X34, "amin"),
+    c("scatter_reduce", np.ones((3, 4), np.float32), 1, IDX, X34, "mean", include_self=False),
+    c("scatter_reduce", np.ones((3, 4), np.int64), 1, IDX, np.arange(12).reshape(3, 4), "mean"),
+    c("masked_fill", X, BM, np.array(2.0, np.float32)),
+    opt(c("multinomial", np.array([1.0, 0.0], np.float32), 2), jit=False),
+]
+
 ERRORS = [
     bad("sum", X, 5),
     bad("sum", X, (0, -3)),
@@ -603,11 +701,46 @@ ERRORS = [
     bad("pow", I, -1),
     bad("where", X, X, Y),
     bad("complex", X, I),
+    bad("squeeze", S0, 1),
+    bad("topk", V5, 6),
+    bad("mean", BM),
+    bad("unsqueeze", S0, 2),
+    bad("sum", S0, 1),
+    bad("norm", I),
+    bad("softmax", I, 1),
+    bad("cumsum", X),
+    bad("logsumexp", X),
+    bad("stack", []),
+    bad("cat", []),
+    bad("transpose", S0, 0, 1),
+    bad("gather", X, 0, np.zeros((2, 3), np.float32)),
+    bad("index_select", X, 0, np.zeros((1, 1), np.int64)),
+    bad("masked_fill", X, I, 0.0),
+    bad("repeat_interleave", X, np.array([1, 2, 3], np.int64), 0),
+    bad("eye", -1),
+    bad("randperm", -1),
+    bad("linspace", 0, 1, -1),
+    bad("multinomial", np.array([0.0, 0.0], np.float32), 1),
+    bad("multinomial", np.array([-1.0, 2.0], np.float32), 1),
+    bad("normal", np.zeros(2, np.float32), -1.0),
+    bad("bernoulli", np.array([1.5], np.float32)),
+    bad("chunk", X, 0),
+    bad("diag", X34[None]),
+    bad("dot", X, Y),
+    bad("outer", X, V5),
+    bad("einsum", "ij,jk", X, X),
+    bad("unflatten", X34, 1, (3, 2)),
+    bad("reshape", X, (-1, -1)),
+    bad("tile", X, (2.5,)),
+    bad("zeros", 2.5),
+    bad("narrow", X, 0, 3, 0),
+    bad("cdist", X, X34),
+    bad("bmm", np.ones((2, 2, 3), np.float32), np.ones((3, 3, 2), np.float32)),
     bad("view_as_complex", X),
     bad("set_default_dtype", D("int32")),
 ]
 
-CASES = CREATION + SHAPE + MATH + ERRORS
+CASES = CREATION + SHAPE + MATH + EDGES + ERRORS
 
 
 # ---------------------------------------------------------------------------- comparison
@@ -1064,3 +1197,12 @@ def test_with_x64_int64_results_are_int64() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+def test_scatter_with_the_legacy_reduce_argument(reduce: str) -> None:
+    case = Case("scatter", (np.ones((3, 4), np.float32), 0, SIDX, X34), {"reduce": reduce})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch deprecates reduce= here
+        expected = _torch_call(case)
+    assert_same(canon(expected), canon(_jm_call(case)), case, "scatter")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import numbers
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from jmodule._lowering.state import as_array
 
 __all__ = [
     "arr",
+    "as_int",
     "canon_dims",
     "compute_dtype",
     "default_float",
@@ -144,13 +146,22 @@ def shape_arg(size: tuple) -> tuple[int, ...]:
                 "a size must be a Python int, not a traced value: shapes are fixed when a "
                 "program is compiled. Pass the size as a static (non-array) argument."
             )
-        n = int(s)
+        n = as_int(s, "size")
         if n < 0:
             raise RuntimeError(
                 f"Trying to create tensor with negative dimension {n}: {list(map(int, size))}"
             )
         out.append(n)
     return tuple(out)
+
+
+def as_int(v: Any, what: str = "argument") -> int:
+    """``v`` as a Python int (ints, numpy ints, concrete integer arrays); floats are a
+    ``TypeError``, as in PyTorch."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(v).__name__} ({v!r})") from None
 
 
 def place(x: Any, device: Any) -> Any:

@@ -112,6 +112,23 @@ def _narrow(dt: Any) -> Any:
     return jax.dtypes.canonicalize_dtype(dt)
 
 
+def _host(data: Any, dt: Any) -> np.ndarray:
+    """``data`` as a numpy array of ``dt``; integers that do not fit raise ``OverflowError``
+    (int64 data is int32 while JAX's x64 mode is off) instead of wrapping around."""
+    host = np.asarray(data)
+    dt = np.dtype(dt)
+    if dt.kind in "iu" and host.dtype.kind in "iu" and host.size:
+        info = np.iinfo(dt)
+        if host.min() < info.min or host.max() > info.max:
+            bad = host[(host < info.min) | (host > info.max)].flat[0]
+            raise OverflowError(
+                f"Python int {bad} too large to convert to {dt.name} (64-bit integers are "
+                "32-bit while JAX's x64 mode is off; turn it on with "
+                "`jax.config.update('jax_enable_x64', True)`)"
+            )
+    return host.astype(dt, copy=False)
+
+
 def tensor(
     data: Any,
     *,
@@ -149,9 +166,9 @@ def tensor(
         x = jnp.array(data, dtype=want, copy=True)
     elif want is None:
         host = np.asarray(data)
-        x = jnp.asarray(host.astype(_narrow(host.dtype), copy=False))
+        x = jnp.asarray(_host(host, _narrow(host.dtype)))
     else:
-        x = jnp.asarray(np.asarray(data), want)
+        x = jnp.asarray(_host(data, want))
     return place(x, device)
 
 
@@ -177,7 +194,7 @@ def from_numpy(ndarray: np.ndarray) -> jax.Array:
     """
     if not isinstance(ndarray, np.ndarray):
         raise TypeError(f"expected np.ndarray (got {type(ndarray).__name__})")
-    return jnp.asarray(ndarray.astype(_narrow(ndarray.dtype), copy=False))
+    return jnp.asarray(_host(ndarray, _narrow(ndarray.dtype)))
 
 
 def scalar_tensor(

@@ -182,7 +182,10 @@ def einsum(equation: str, *operands: Any) -> jax.Array:
     """Einstein summation, as ``torch.einsum`` (operands as arguments or one list)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    return jnp.einsum(equation, *[arr(o) for o in operands])
+    try:
+        return jnp.einsum(equation, *[arr(o) for o in operands])
+    except ValueError as e:  # PyTorch raises RuntimeError for a bad equation or shapes
+        raise RuntimeError(f"einsum(): {e}") from e
 
 
 def cross(input: Any, other: Any, dim: int | None = None, *, out: Any = None) -> jax.Array:

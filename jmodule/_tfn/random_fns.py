@@ -299,8 +299,9 @@ def multinomial(
 
     Raises:
         RuntimeError: a bad shape or ``num_samples``; weights that are negative,
-            non-finite or sum to zero, or fewer non-zero categories than
-            ``num_samples`` without replacement (value checks are eager only).
+            non-finite or sum to zero (value checks are eager only). As in
+            PyTorch, zero-weight categories are drawn last when a row has fewer
+            non-zero ones than ``num_samples``.
     """
     check_torch_only("multinomial", out)
     w = arr(input)
@@ -321,11 +322,6 @@ def multinomial(
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         if np.any(host.sum(-1) <= 0):
             raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
-        if not replacement and np.any((host > 0).sum(-1) < num_samples):
-            raise RuntimeError(
-                "invalid multinomial distribution (with replacement=False, not enough "
-                "non-negative category to sample)"
-            )
     logits = jnp.log(rows)
     key = _key(generator)
     if replacement:

@@ -515,16 +515,28 @@ def logsumexp(input: Any, dim: Any, keepdim: bool = False, *, out: Any = None) -
 _logsumexp = jax.jit(jax.nn.logsumexp, static_argnames=("axis", "keepdims"))
 
 
+def _softmax_input(name: str, input: Any, dtype: Any) -> tuple[jax.Array, Any]:
+    x = compute_dtype(arr(input), dtype)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        raise NotImplementedError(
+            f"\"{name}_lastdim_kernel_impl\" not implemented for '{_torch_name(x.dtype)}'"
+        )
+    # Half inputs are computed in float32 and rounded once, as PyTorch's kernels do.
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32)), x.dtype
+
+
 def softmax(input: Any, dim: int, dtype: Any = None) -> jax.Array:
     """``exp(x) / sum(exp(x))`` along ``dim`` (``dtype`` casts the input first)."""
-    x = float_input(compute_dtype(arr(input), dtype))
-    return jax.nn.softmax(x, axis=norm_dim(dim, x.ndim)) if x.ndim else jnp.ones_like(x)
+    x, dt = _softmax_input("softmax", input, dtype)
+    d = norm_dim(dim, x.ndim)
+    return (jax.nn.softmax(x, axis=d) if x.ndim else jnp.ones_like(x)).astype(dt)
 
 
 def log_softmax(input: Any, dim: int, dtype: Any = None) -> jax.Array:
     """``log(softmax(x, dim))``, computed stably."""
-    x = float_input(compute_dtype(arr(input), dtype))
-    return jax.nn.log_softmax(x, axis=norm_dim(dim, x.ndim)) if x.ndim else jnp.zeros_like(x)
+    x, dt = _softmax_input("log_softmax", input, dtype)
+    d = norm_dim(dim, x.ndim)
+    return (jax.nn.log_softmax(x, axis=d) if x.ndim else jnp.zeros_like(x)).astype(dt)
 
 
 def vector_norm(x: jax.Array, p: Any, axes: Any, keepdim: bool) -> jax.Array:
@@ -554,7 +566,12 @@ def norm(
     """The norm of ``input`` as ``torch.norm``: ``p`` a number (a vector norm over ``dim``,
     all elements when None; ``inf``, ``-inf`` and 0 included), ``"fro"`` (the 2-norm of
     the elements) or ``"nuc"`` (the nuclear norm of matrices in ``dim``)."""
-    x = float_input(compute_dtype(arr(input), dtype))
+    x = compute_dtype(arr(input), dtype)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        raise RuntimeError(
+            "linalg.vector_norm: Expected a floating point or complex tensor as input. Got "
+            f"{_torch_name(x.dtype)}"
+        )
     axes = canon_dims(dim, x.ndim)
     if p == "fro":
         return vector_norm(x, 2, axes, keepdim)

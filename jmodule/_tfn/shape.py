@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule._tfn._common import arr, canon_dims, long_dtype, norm_dim
+from jmodule._tfn._common import arr, as_int, canon_dims, long_dtype, norm_dim
 
 __all__ = [
     "argwhere",
@@ -106,7 +106,9 @@ def _seq(tensors: Any, name: str) -> list[jax.Array]:
         )
     xs = [arr(t) for t in tensors]
     if not xs:
-        raise RuntimeError(f"{name}(): expected a non-empty list of Tensors")
+        # PyTorch raises ValueError for cat and RuntimeError for the others.
+        error = ValueError if name == "cat" else RuntimeError
+        raise error(f"{name}(): expected a non-empty list of Tensors")
     return xs
 
 
@@ -187,7 +189,7 @@ def split(tensor: Any, split_size_or_sections: Any, dim: int = 0) -> tuple[jax.A
     d = norm_dim(dim, x.ndim)
     n = x.shape[d]
     if isinstance(split_size_or_sections, (list, tuple)):
-        sizes = [int(s) for s in split_size_or_sections]
+        sizes = [as_int(s, "split size") for s in split_size_or_sections]
         if sum(sizes) != n or any(s < 0 for s in sizes):
             raise RuntimeError(
                 f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's "
@@ -310,7 +312,7 @@ def permute(input: Any, *dims: Any) -> jax.Array:
 def reshape(input: Any, *shape: Any) -> jax.Array:
     """A new shape with the same elements (one size may be -1)."""
     x = arr(input)
-    shape = tuple(int(s) for s in _dims_arg(shape))
+    shape = tuple(as_int(s, "shape") for s in _dims_arg(shape))
     if shape.count(-1) > 1:
         raise RuntimeError("only one dimension can be inferred")
     known = math.prod(s for s in shape if s != -1)
@@ -339,7 +341,7 @@ def unflatten(input: Any, dim: int, sizes: Sequence[int]) -> jax.Array:
     """Split dim ``dim`` into ``sizes`` (one may be -1)."""
     x = arr(input)
     d = norm_dim(dim, x.ndim)
-    sizes = [int(s) for s in sizes]
+    sizes = [as_int(s, "sizes") for s in sizes]
     if not sizes:
         raise RuntimeError("unflatten: sizes must be non-empty")
     known = math.prod(s for s in sizes if s != -1)
@@ -516,13 +518,13 @@ def repeat_interleave(
 
 def tile(input: Any, dims: Sequence[int]) -> jax.Array:
     """Repeat the whole array ``dims`` times per dim (leading ones added as needed)."""
-    return jnp.tile(arr(input), tuple(int(d) for d in dims))
+    return jnp.tile(arr(input), tuple(as_int(d, "dims") for d in dims))
 
 
 def broadcast_to(input: Any, size: Sequence[int]) -> jax.Array:
     """``input`` broadcast to ``size`` (-1 keeps that dim's size)."""
     x = arr(input)
-    size = tuple(int(s) for s in size)
+    size = tuple(as_int(s, "size") for s in size)
     lead = len(size) - x.ndim
     if lead < 0:
         raise RuntimeError(
