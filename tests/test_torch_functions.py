@@ -1148,6 +1148,19 @@ def test_default_dtype_like_torch() -> None:
         jm.set_default_dtype(jm.float64)
 
 
+def test_device_and_meta_placement() -> None:
+    cpu = jax.devices("cpu")[0]
+    assert jm.zeros(2, 3, device="cpu").devices() == {cpu}
+    assert jm.arange(3, device=cpu).devices() == {cpu}
+    assert jm.randn(2, device="cpu").devices() == {cpu}
+    state = np.asarray(jm.get_rng_state())
+    with jm.device("meta"):
+        abstract = [jm.zeros(3), jm.full((2,), 1.5), jm.randn(2, 2), jm.randint(3, (4,))]
+    assert all(isinstance(a, jax.ShapeDtypeStruct) for a in abstract)
+    assert [a.shape for a in abstract] == [(3,), (2,), (2, 2), (4,)]
+    np.testing.assert_array_equal(np.asarray(jm.get_rng_state()), state)  # nothing drawn
+
+
 def test_refused_arguments_say_what_to_do() -> None:
     with pytest.raises(ValueError, match=r"jm\.nn\.Parameter"):
         jm.tensor([1.0], requires_grad=True)

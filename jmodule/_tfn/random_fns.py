@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule import _device, _factory
 from jmodule import random as _random
 from jmodule._tfn._common import arr, default_float, long_dtype, out_dtype, place, shape_arg
 from jmodule._tfn.creation import check_torch_only
@@ -50,6 +51,12 @@ def set_rng_state(new_state: Any) -> None:
     _random.default_generator.set_state(new_state)
 
 
+def _meta(device: Any) -> bool:
+    """Whether new arrays go to the meta device (then nothing is drawn: the stream keeps
+    its place)."""
+    return isinstance(_factory.placement(device), _device.device)
+
+
 def _key(generator: Any) -> jax.Array:
     return _random.next_key(generator)
 
@@ -74,7 +81,10 @@ def rand(
     """Uniform samples on ``[0, 1)`` of shape ``size``."""
     check_torch_only("rand", out, requires_grad)
     dt = _float_dtype("check_uniform_bounds", dtype)
-    return place(jax.random.uniform(_key(generator), shape_arg(size), dt), device)
+    shape = shape_arg(size)
+    if _meta(device):
+        return jax.ShapeDtypeStruct(shape, dt)
+    return place(jax.random.uniform(_key(generator), shape, dt), device)
 
 
 def randn(
@@ -90,7 +100,10 @@ def randn(
     """Standard normal samples of shape ``size``."""
     check_torch_only("randn", out, requires_grad)
     dt = _float_dtype("normal_kernel_cpu", dtype)
-    return place(jax.random.normal(_key(generator), shape_arg(size), dt), device)
+    shape = shape_arg(size)
+    if _meta(device):
+        return jax.ShapeDtypeStruct(shape, dt)
+    return place(jax.random.normal(_key(generator), shape, dt), device)
 
 
 def _randint(low: int, high: int, shape: tuple, dt: Any, generator: Any) -> jax.Array:
@@ -130,7 +143,10 @@ def randint(
     else:
         raise TypeError("randint() takes (high, size) or (low, high, size)")
     dt = out_dtype(dtype) or long_dtype()
-    return place(_randint(low, high, shape_arg((size,)), dt, generator), device)
+    shape = shape_arg((size,))
+    if _meta(device):
+        return jax.ShapeDtypeStruct(shape, dt)
+    return place(_randint(low, high, shape, dt, generator), device)
 
 
 def randperm(
@@ -148,6 +164,8 @@ def randperm(
     check_torch_only("randperm", out, requires_grad)
     (n,) = shape_arg((n,))
     dt = out_dtype(dtype) or long_dtype()
+    if _meta(device):
+        return jax.ShapeDtypeStruct((n,), dt)
     return place(jax.random.permutation(_key(generator), n).astype(dt), device)
 
 
