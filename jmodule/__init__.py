@@ -17,6 +17,7 @@ from jmodule import jit as jit
 from jmodule import nn as nn
 from jmodule import optim as optim
 from jmodule import random as random
+from jmodule import return_types as return_types
 from jmodule import serialization as serialization
 from jmodule import utils as utils
 from jmodule._device import DeviceError as DeviceError
@@ -32,6 +33,7 @@ from jmodule._device import double as double
 from jmodule._device import float16 as float16
 from jmodule._device import float32 as float32
 from jmodule._device import float64 as float64
+from jmodule._device import get_default_dtype as get_default_dtype
 from jmodule._device import half as half
 from jmodule._device import int8 as int8
 from jmodule._device import int16 as int16
@@ -40,16 +42,22 @@ from jmodule._device import int64 as int64
 from jmodule._device import is_meta as is_meta
 from jmodule._device import long as long
 from jmodule._device import preserve_format as preserve_format
+from jmodule._device import set_default_dtype as set_default_dtype
 from jmodule._device import uint8 as uint8
 from jmodule._lowering import compiled as _compiled
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile_stats as compile_stats
 from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
+from jmodule._tfn import *  # noqa: F403  (the torch.* functions; list in jmodule/_tfn)
+from jmodule._tfn import BUILTIN_NAMED as _TORCH_BUILTIN_NAMED
 from jmodule._version import __version__ as __version__
 from jmodule.autograd import backward as backward
+from jmodule.autograd import enable_grad as enable_grad
 from jmodule.autograd import grad as grad
+from jmodule.autograd import inference_mode as inference_mode
 from jmodule.autograd import no_grad as no_grad
+from jmodule.autograd import set_grad_enabled as set_grad_enabled
 from jmodule.autograd import value_and_grad as value_and_grad
 from jmodule.nn.modules.module import Module as Module
 from jmodule.nn.parameter import Parameter as Parameter
@@ -61,10 +69,16 @@ from jmodule.serialization import load as load
 from jmodule.serialization import save as save
 from jmodule.summary import summary as summary
 
-# Public names that are also Python builtins: ``jm.bool`` (``torch.bool``) and
-# ``jm.compile`` (``torch.compile``). ``__getattr__`` serves them, so that no
-# module of the package, this one included, rebinds a builtin.
-_BUILTIN_NAMED = {"bool": _device.bool_, "compile": _compiled.compile_function}
+# Public names that are also Python builtins: ``jm.bool`` (``torch.bool``),
+# ``jm.compile`` (``torch.compile``) and the torch functions ``jm.sum``, ``jm.max``,
+# ``jm.min``, ``jm.abs``, ``jm.pow``, ``jm.round``, ``jm.all``, ``jm.any``.
+# ``__getattr__`` serves them, so that no module of the package, this one
+# included, rebinds a builtin.
+_BUILTIN_NAMED = {
+    "bool": _device.bool_,
+    "compile": _compiled.compile_function,
+    **_TORCH_BUILTIN_NAMED,
+}
 
 
 def __getattr__(name: str) -> object:

@@ -39,6 +39,7 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "get_default_dtype",
     "half",
     "int8",
     "int16",
@@ -50,6 +51,7 @@ __all__ = [
     "memory_format",
     "preserve_format",
     "resolve",
+    "set_default_dtype",
     "uint8",
 ]
 
@@ -280,6 +282,47 @@ def canonical_dtype(dtype: Any, *, what: str = "the module", strict: bool = True
     if strict and dt == np.complex128 and not _x64_enabled():
         raise DtypeError(_X64_HELP.format(what=what).replace("float64/int64", "complex128"))
     return dt
+
+
+class _Defaults:
+    """Process-wide configuration, as PyTorch's default dtype is process-wide (it is read
+    when arrays and parameters are made, never used to coordinate calls)."""
+
+    dtype: Any = jnp.float32
+
+
+def get_default_dtype() -> Any:
+    """The dtype of new floating arrays and parameters, as ``torch.get_default_dtype``.
+
+    >>> import jmodule as jm
+    >>> jm.get_default_dtype()
+    <class 'jax.numpy.float32'>
+    """
+    return _Defaults.dtype
+
+
+def set_default_dtype(d: Any) -> None:
+    """Set the dtype of new floating arrays and parameters, as ``torch.set_default_dtype``.
+
+    Like PyTorch's, the setting is process-wide and applies to ``jm.tensor``
+    of Python floats, ``jm.zeros``/``jm.rand``/... without ``dtype=``, and the
+    parameters of layers built afterwards.
+
+    Args:
+        d: ``jm.float32``, ``jm.float16``, ``jm.bfloat16`` or ``jm.float64``
+            (the last needs JAX's x64 mode).
+
+    Raises:
+        TypeError: ``d`` is not a floating dtype.
+        DtypeError: ``float64`` while JAX's x64 mode is off.
+    """
+    dt = jnp.dtype(d)
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError("only floating-point types are supported as the default type")
+    canonical_dtype(dt, what="the default dtype")
+    _Defaults.dtype = {"float16": float16, "bfloat16": bfloat16, "float32": float32}.get(
+        dt.name, float64
+    )
 
 
 class memory_format:

@@ -24,7 +24,7 @@ def empty(shape: tuple[int, ...], dtype: Any = None, device: Any = None) -> Any:
     Under ``jm.device("meta")`` (or ``device="meta"``) it is a
     ``jax.ShapeDtypeStruct``: shape and dtype only, no memory.
     """
-    dtype = _device.canonical_dtype(dtype if dtype is not None else jnp.float32)
+    dtype = _device.canonical_dtype(dtype if dtype is not None else _device.get_default_dtype())
     place = placement(device)
     if isinstance(place, _device.device):
         return jax.ShapeDtypeStruct(tuple(shape), dtype)

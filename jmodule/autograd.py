@@ -24,7 +24,15 @@ from jmodule._lowering import state
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter
 
-__all__ = ["backward", "grad", "no_grad", "value_and_grad"]
+__all__ = [
+    "backward",
+    "enable_grad",
+    "grad",
+    "inference_mode",
+    "no_grad",
+    "set_grad_enabled",
+    "value_and_grad",
+]
 
 
 def _targets(inputs: Any) -> set[int]:
@@ -239,19 +247,67 @@ def grad(
     return wrapped
 
 
-class no_grad:
-    """``with jm.no_grad():`` / ``@jm.no_grad()`` — accepted for porting, and a no-op.
+class _GradMode:
+    """A grad-mode helper: a no-op context manager that is also a decorator, used with or
+    without parentheses (``@jm.no_grad`` and ``@jm.no_grad()``), as PyTorch's are.
 
     jmodule records no graph outside ``jm.backward``/``jm.grad``, so there is
-    nothing to switch off. Inside a differentiated closure, cut a value from
-    the gradient explicitly with ``param.detach()`` or ``jax.lax.stop_gradient``.
+    nothing to switch: these exist so that ported code runs unchanged. Inside
+    a differentiated closure they do not cut gradients; do that explicitly
+    with ``param.detach()`` or ``jax.lax.stop_gradient``.
     """
 
-    def __enter__(self) -> no_grad:
-        return self
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], bool):
+            return args[0]  # used as a bare decorator: the function, unchanged
+        return super().__new__(cls)
+
+    def __enter__(self) -> None:
+        return None
 
     def __exit__(self, *exc: object) -> None:
         return None
 
     def __call__(self, fn: Callable) -> Callable:
         return fn
+
+    def clone(self) -> _GradMode:
+        """A fresh helper of the same kind (PyTorch's ``clone``)."""
+        return self
+
+
+class no_grad(_GradMode):
+    """``with jm.no_grad():`` / ``@jm.no_grad`` / ``@jm.no_grad()``: accepted for porting,
+    and a no-op (see ``_GradMode``).
+
+    >>> import jmodule as jm
+    >>> @jm.no_grad
+    ... def evaluate(x):
+    ...     return x * 2
+    >>> with jm.no_grad():
+    ...     evaluate(3)
+    6
+    """
+
+
+class enable_grad(_GradMode):
+    """``with jm.enable_grad():`` / ``@jm.enable_grad``: a no-op, as :class:`no_grad`."""
+
+
+class inference_mode(_GradMode):
+    """``with jm.inference_mode():`` / ``@jm.inference_mode`` / ``@jm.inference_mode(False)``:
+    a no-op, as :class:`no_grad` (compile with ``model.compile()`` for fast inference)."""
+
+    def __init__(self, mode: bool = True) -> None:
+        self.mode = bool(mode)
+
+
+class set_grad_enabled(_GradMode):
+    """``jm.set_grad_enabled(mode)``, as a call, a context manager or a decorator: a no-op
+    (see :class:`no_grad`)."""
+
+    def __new__(cls, mode: bool) -> set_grad_enabled:
+        return super().__new__(cls)
+
+    def __init__(self, mode: bool) -> None:
+        self.mode = bool(mode)

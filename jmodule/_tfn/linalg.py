@@ -1,0 +1,258 @@
+"""Products and distances: ``jm.matmul``, ``jm.mm``, ``jm.bmm``, ``jm.addmm``,
+``jm.einsum``, ``jm.cdist``, ... with PyTorch's shape checks and messages."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jmodule._tfn._common import arr, float_input, norm_dim
+from jmodule._tfn.reduction import vector_norm
+
+__all__ = [
+    "addbmm",
+    "addmm",
+    "addmv",
+    "baddbmm",
+    "bmm",
+    "cdist",
+    "cosine_similarity",
+    "cross",
+    "dot",
+    "einsum",
+    "ger",
+    "inner",
+    "kron",
+    "matmul",
+    "mm",
+    "mv",
+    "outer",
+    "pairwise_distance",
+    "tensordot",
+    "vdot",
+]
+
+
+def _sizes(ka: int, kb: int) -> RuntimeError:
+    return RuntimeError(
+        f"inconsistent tensor size, expected tensor [{ka}] and src [{kb}] to have the same "
+        f"number of elements, but got {ka} and {kb} elements respectively"
+    )
+
+
+def _cannot(a: tuple, b: tuple) -> RuntimeError:
+    return RuntimeError(
+        f"mat1 and mat2 shapes cannot be multiplied ({a[0]}x{a[1]} and {b[0]}x{b[1]})"
+    )
+
+
+def matmul(input: Any, other: Any, *, out: Any = None) -> jax.Array:
+    """The matrix product with PyTorch's (numpy's) broadcasting rules for 1-d and batched
+    operands."""
+    a, b = arr(input), arr(other)
+    if a.ndim == 0 or b.ndim == 0:
+        raise RuntimeError(
+            f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D"
+        )
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        if a.ndim == 1 and b.ndim == 1:
+            raise _sizes(ka, kb)
+        rows = a.size // ka if a.ndim > 1 else 1
+        raise _cannot((rows, ka), (kb, b.shape[-1] if b.ndim > 1 else 1))
+    return jnp.matmul(a, b)
+
+
+def mm(input: Any, mat2: Any, *, out: Any = None) -> jax.Array:
+    """The product of two matrices (2-d only)."""
+    a, b = arr(input), arr(mat2)
+    if a.ndim != 2:
+        raise RuntimeError("self must be a matrix")
+    if b.ndim != 2:
+        raise RuntimeError("mat2 must be a matrix")
+    if a.shape[1] != b.shape[0]:
+        raise _cannot(a.shape, b.shape)
+    return jnp.matmul(a, b)
+
+
+def bmm(input: Any, mat2: Any, *, out: Any = None) -> jax.Array:
+    """Batched matrix products of two 3-d arrays with the same batch size."""
+    a, b = arr(input), arr(mat2)
+    if a.ndim != 3:
+        raise RuntimeError("batch1 must be a 3D tensor")
+    if b.ndim != 3:
+        raise RuntimeError("batch2 must be a 3D tensor")
+    if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise RuntimeError(
+            f"Expected size for first two dimensions of batch2 tensor to be: "
+            f"[{a.shape[0]}, {a.shape[2]}] but got: [{b.shape[0]}, {b.shape[1]}]."
+        )
+    return jnp.matmul(a, b)
+
+
+def _scaled(input: Any, product: jax.Array, beta: Any, alpha: Any) -> jax.Array:
+    c = arr(input)
+    prod = product if alpha == 1 else alpha * product
+    if beta == 0:  # PyTorch ignores input (even NaN) when beta is 0
+        return jnp.broadcast_to(prod, jnp.broadcast_shapes(c.shape, prod.shape))
+    return (c if beta == 1 else beta * c) + prod
+
+
+def addmm(input: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
+    """``beta * input + alpha * (mat1 @ mat2)``."""
+    return _scaled(input, mm(mat1, mat2), beta, alpha)
+
+
+def baddbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
+    """``beta * input + alpha * bmm(batch1, batch2)``."""
+    return _scaled(input, bmm(batch1, batch2), beta, alpha)
+
+
+def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
+    """``beta * input + alpha * sum_b(batch1[b] @ batch2[b])``."""
+    return _scaled(input, bmm(batch1, batch2).sum(0), beta, alpha)
+
+
+def mv(input: Any, vec: Any, *, out: Any = None) -> jax.Array:
+    """A matrix times a vector."""
+    a, v = arr(input), arr(vec)
+    if a.ndim != 2 or v.ndim != 1:
+        raise RuntimeError(f"vector + matrix @ vector expected, got {a.ndim}, {v.ndim}")
+    if a.shape[1] != v.shape[0]:
+        raise RuntimeError(
+            f"size mismatch, got input ({a.shape[0]}), mat ({a.shape[0]}x{a.shape[1]}), "
+            f"vec ({v.shape[0]})"
+        )
+    return a @ v
+
+
+def addmv(input: Any, mat: Any, vec: Any, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
+    """``beta * input + alpha * (mat @ vec)``."""
+    return _scaled(input, mv(mat, vec), beta, alpha)
+
+
+def dot(input: Any, tensor: Any, *, out: Any = None) -> jax.Array:
+    """The dot product of two 1-d arrays of the same length."""
+    a, b = arr(input), arr(tensor)
+    if a.ndim != 1 or b.ndim != 1:
+        raise RuntimeError(f"1D tensors expected, but got {a.ndim}D and {b.ndim}D tensors")
+    if a.shape != b.shape:
+        raise _sizes(a.shape[0], b.shape[0])
+    return jnp.dot(a, b)
+
+
+def vdot(input: Any, other: Any, *, out: Any = None) -> jax.Array:
+    """``dot(conj(input), other)`` of two 1-d arrays."""
+    return jnp.vdot(arr(input), arr(other))
+
+
+def inner(input: Any, other: Any, *, out: Any = None) -> jax.Array:
+    """Sums of products over the last dims."""
+    return jnp.inner(arr(input), arr(other))
+
+
+def outer(input: Any, vec2: Any, *, out: Any = None) -> jax.Array:
+    """The outer product of two 1-d arrays."""
+    a, b = arr(input), arr(vec2)
+    if a.ndim != 1 or b.ndim != 1:
+        raise RuntimeError("outer: expected 1D tensors")
+    return jnp.outer(a, b)
+
+
+ger = outer
+
+
+def kron(input: Any, other: Any, *, out: Any = None) -> jax.Array:
+    """The Kronecker product."""
+    return jnp.kron(arr(input), arr(other))
+
+
+def tensordot(a: Any, b: Any, dims: Any = 2, out: Any = None) -> jax.Array:
+    """Sum of products over ``dims`` (a count of trailing/leading dims, or two lists)."""
+    if isinstance(dims, (list, tuple)):
+        dims = tuple(tuple(d) if isinstance(d, (list, tuple)) else (d,) for d in dims)
+    return jnp.tensordot(arr(a), arr(b), dims)
+
+
+def einsum(equation: str, *operands: Any) -> jax.Array:
+    """Einstein summation, as ``torch.einsum`` (operands as arguments or one list)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    try:
+        return jnp.einsum(equation, *[arr(o) for o in operands])
+    except ValueError as e:  # PyTorch raises RuntimeError for a bad equation or shapes
+        raise RuntimeError(f"einsum(): {e}") from e
+
+
+def cross(input: Any, other: Any, dim: int | None = None, *, out: Any = None) -> jax.Array:
+    """The 3-d cross product along ``dim`` (by default the first dim of size 3, as
+    ``torch.cross`` without ``dim``)."""
+    a, b = jnp.broadcast_arrays(arr(input), arr(other))
+    if dim is None:
+        d = next((i for i, n in enumerate(a.shape) if n == 3), None)
+        if d is None:
+            raise RuntimeError("no dimension of size 3 in input")
+    else:
+        d = norm_dim(dim, a.ndim)
+        if a.shape[d] != 3:
+            raise RuntimeError(
+                f"linalg.cross: inputs dimension {d} must have length 3. Got {a.shape[d]} and "
+                f"{b.shape[d]}"
+            )
+    return jnp.cross(a, b, axis=d)
+
+
+@functools.partial(jax.jit, static_argnames=("p",))
+def _safe_norm(diff: jax.Array, p: float) -> jax.Array:
+    """``p``-norm of the last dim whose gradient is 0 (not NaN) at zero, as PyTorch's."""
+    if p in (1.0, 0.0) or p == float("inf"):
+        return vector_norm(diff, p, -1, False)
+    a = jnp.abs(diff)
+    s = jnp.sum(a**p, -1)
+    safe = jnp.where(s > 0, s, 1.0)
+    return jnp.where(s > 0, safe ** (1.0 / p), 0.0)
+
+
+def cdist(x1: Any, x2: Any, p: float = 2.0, compute_mode: str | None = None) -> jax.Array:
+    """Pairwise ``p``-norm distances between the rows of ``x1`` (``..., P, M``) and ``x2``
+    (``..., R, M``): shape ``(..., P, R)``.
+
+    ``compute_mode`` is accepted; distances are computed from differences
+    (PyTorch's matrix-product shortcut for large inputs agrees to rounding).
+    """
+    a, b = float_input(arr(x1)), float_input(arr(x2))
+    if a.ndim < 2 or b.ndim < 2:
+        raise RuntimeError(f"cdist only supports at least 2D tensors, X1 got: {a.ndim}D")
+    if a.shape[-1] != b.shape[-1]:
+        raise RuntimeError(
+            f"X1 and X2 must have the same number of columns. X1: {a.shape[-1]} X2: {b.shape[-1]}"
+        )
+    if p < 0:
+        raise RuntimeError(f"cdist only supports non-negative p values, got {p}")
+    return _cdist(a, b, float(p))
+
+
+@functools.partial(jax.jit, static_argnames=("p",))
+def _cdist(a: jax.Array, b: jax.Array, p: float) -> jax.Array:
+    return _safe_norm(a[..., :, None, :] - b[..., None, :, :], p)
+
+
+def pairwise_distance(
+    x1: Any, x2: Any, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False
+) -> jax.Array:
+    """``norm(x1 - x2 + eps, p)`` over the last dim, as ``torch.pairwise_distance``."""
+    d = _safe_norm(float_input(arr(x1) - arr(x2)) + eps, float(p))
+    return d[..., None] if keepdim else d
+
+
+def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-8) -> jax.Array:
+    """Cosine of the angle between ``x1`` and ``x2`` along ``dim``."""
+    a, b = jnp.broadcast_arrays(float_input(arr(x1)), float_input(arr(x2)))
+    d = norm_dim(dim, a.ndim)
+    na = jnp.sqrt(jnp.sum(a * a, d))
+    nb = jnp.sqrt(jnp.sum(b * b, d))
+    return jnp.sum(a * b, d) / (jnp.maximum(na, eps) * jnp.maximum(nb, eps))
