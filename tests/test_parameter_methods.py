@@ -190,7 +190,10 @@ GRADIENT = [
     ("permute", lambda p, w: (p.permute(1, 2, 0) * w((3, 4, 2))).sum()),
     ("clone", lambda p, w: (p.clone() ** 3).sum()),
     ("detach", lambda p, w: (p * p.detach()).sum()),
-    ("mul/add/sub/div", lambda p, w: (p.mul(2.0) * p.add(p, alpha=3) - p.sub(1.0) / p.div(2.0)).sum()),
+    (
+        "mul/add/sub/div",
+        lambda p, w: (p.mul(2.0) * p.add(p, alpha=3) - p.sub(1.0) / p.div(2.0)).sum(),
+    ),
     ("exp/sqrt/neg", lambda p, w: (p.exp() + p.sqrt() * p.neg()).sum()),
     ("norm", lambda p, w: p.norm()),
     ("square/matmul", lambda p, w: (p.matmul(p.transpose(1, 2)) * p.square().sum()).sum()),
@@ -362,7 +365,10 @@ def test_einops_on_parameters_under_jit_and_jm_backward():
 
     def loss(p, wt):
         x = einops.rearrange(p, "a b c -> c b a") * wt
-        return einops.reduce(x**2, "c b a -> ", "sum") + einops.repeat(p, "a b c -> r a b c", r=2).sum()
+        return (
+            einops.reduce(x**2, "c b a -> ", "sum")
+            + einops.repeat(p, "a b c -> r a b c", r=2).sum()
+        )
 
     t_loss = loss(tp, torch.from_numpy(w))
     t_loss.backward()
