@@ -145,3 +145,39 @@ def test_a_jm_state_dict_carries_versions_that_torch_honours():
         ours.load_state_dict(sd)
     assert str(j_err.value) == str(t_err.value)
     np.testing.assert_array_equal(np.asarray(ours[1].running_var), jnp.ones(2))
+
+
+def test_the_readme_worked_port_runs_both_ways(tmp_path, monkeypatch):
+    """README "Porting from PyTorch": the PyTorch code and its port both run, and the
+    port's weights, saved by jm, give the PyTorch model the port's outputs."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Porting from PyTorch", 1)[1].split("\n## ", 1)[0]
+    (before,) = re.findall(r"```py\n(.*?)```", section, flags=re.S)
+    (after,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    theirs: dict = {}
+    exec(compile(before, "README.md", "exec"), theirs)
+    ours: dict = {}
+    exec(compile(after, "README.md", "exec"), ours)
+    assert (tmp_path / "tiny.pt").exists()
+    jm.save(ours["net"].state_dict(), tmp_path / "port.pt")
+    ref = theirs["net"]
+    assert (
+        ref.load_state_dict(torch.load(tmp_path / "port.pt", weights_only=True)).missing_keys == []
+    )
+    ref.eval()
+    ours["net"].eval()
+    x = np.random.default_rng(0).standard_normal((4, 1, 28, 28)).astype(np.float32)
+    with torch.no_grad():
+        want = ref(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(ours["net"](jnp.asarray(x))), want, rtol=1e-4, atol=1e-5)
+    # and PyTorch's weights, saved by torch, load into the port
+    ours["net"].load_state_dict(jm.load(tmp_path / "tiny.pt"))
+    with torch.no_grad():
+        want = theirs["TinyConvNet"]()
+        want.load_state_dict(torch.load(tmp_path / "tiny.pt", weights_only=True))
+        want = want.eval()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(ours["net"](jnp.asarray(x))), want, rtol=1e-4, atol=1e-5)
