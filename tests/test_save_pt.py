@@ -316,3 +316,32 @@ def test_a_save_killed_at_any_moment_leaves_old_or_new_never_partial(tmp_path, d
     jm.save({"n": -1}, path, overwrite=True)  # the next save works, and tidies up
     assert torch.load(path, weights_only=True) == {"n": -1}
     assert os.listdir(tmp_path) == ["w.pt"]
+
+
+def test_a_training_checkpoint_resumes_in_torch(tmp_path):
+    """model + optimizer + epoch in one .pt: torch's model and AdamW load it and take the
+    next step to the same weights as jm's."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(3, 2)
+    ours = nn.Linear(3, 2)
+    ours.load_state_dict(ref.state_dict())
+    opt = jm.optim.AdamW(ours.parameters(), lr=0.1)
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    jm.backward(lambda: (ours(jnp.asarray(x)) ** 2).sum())
+    opt.step()
+    jm.save({"model": ours.state_dict(), "opt": opt.state_dict(), "epoch": 1}, tmp_path / "c.pt")
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert ckpt["epoch"] == 1
+    ref.load_state_dict(ckpt["model"])
+    t_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    t_opt.load_state_dict(ckpt["opt"])
+    t_opt.zero_grad()
+    (ref(torch.from_numpy(x)) ** 2).sum().backward()
+    t_opt.step()
+    opt.zero_grad()
+    jm.backward(lambda: (ours(jnp.asarray(x)) ** 2).sum())
+    opt.step()
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        np.testing.assert_allclose(
+            np.asarray(q), p.detach().numpy(), rtol=1e-5, atol=1e-5, err_msg=name
+        )

@@ -4,7 +4,11 @@ A :class:`Parameter` is what ``module.weight`` returns. It is usable wherever a
 ``jax.Array`` is (``jnp``/``jax.nn`` functions, arithmetic, indexing, as a
 ``jax.jit`` argument) because it is a state cell (``jmodule._lowering.state.Cell``):
 a pytree node with one leaf that defines the array operators; ``jax.lax``
-primitives need the raw array (``param.data``).
+primitives need the raw array (``param.data``). It also has the ``torch.Tensor``
+methods model code calls on parameters (``numel``, ``size``, ``view``,
+``transpose``, ``copy_``, ``normal_``, ...), with PyTorch's meaning, and einops
+accepts it (``jmodule/_einops.py`` registers a backend through einops' own
+extension point).
 """
 
 from __future__ import annotations
