@@ -392,3 +392,18 @@ def test_einops_inside_jm_compile_and_other_types_keep_their_backends():
     t = einops.rearrange(torch.ones(2, 3), "a b -> b a")
     assert isinstance(t, torch.Tensor) and tuple(t.shape) == (3, 2)
     assert isinstance(einops.rearrange(jnp.ones((2, 3)), "a b -> b a"), jax.Array)
+
+
+def test_counting_parameters_of_a_meta_model_matches_torch():
+    # sum(p.numel() ...) is how model code reports its size, before any memory exists.
+    with torch.device("meta"):
+        ref = torch.nn.Transformer(16, 2, 1, 1, 32)
+    with jm.device("meta"):
+        ours = nn.Transformer(16, 2, 1, 1, 32)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    assert [p.size() for p in ours.parameters()] == [tuple(p.size()) for p in ref.parameters()]
+    assert [p.dim() for p in ours.parameters()] == [p.dim() for p in ref.parameters()]
+    w = next(ours.parameters())
+    assert w.zero_() is w and w.normal_() is w  # in place on meta: nothing to fill
+    with pytest.raises(RuntimeError, match="meta device"):
+        w.view(-1)

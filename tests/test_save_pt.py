@@ -228,6 +228,19 @@ def test_written_without_importing_torch(tmp_path):
     assert got["n"] == 4 and got["w"].dtype == torch.bfloat16 and tuple(got["w"].shape) == (2, 3)
 
 
+def _nested(n):
+    x: list = []
+    for _ in range(n):
+        x = [x]
+    return x
+
+
+def _loop():
+    x: list = []
+    x.append(x)
+    return x
+
+
 def test_what_a_weights_only_file_cannot_hold_is_refused_before_writing(tmp_path):
     cases = [
         ({"f": lambda: 0}, "'f' of type function"),
@@ -236,6 +249,8 @@ def test_what_a_weights_only_file_cannot_hold_is_refused_before_writing(tmp_path
         ({"m": jax.ShapeDtypeStruct((2,), jnp.float32)}, "'m': it is a meta array"),
         ({object(): 1}, "key <object"),
         ({"b": b"bytes"}, "'b' of type bytes"),
+        ({"deep": _nested(101)}, "nested more than 100 containers deep"),
+        ({"loop": _loop()}, "contains itself"),
     ]
     for obj, message in cases:
         with pytest.raises(TypeError, match=message):
@@ -316,6 +331,14 @@ def test_a_save_killed_at_any_moment_leaves_old_or_new_never_partial(tmp_path, d
     jm.save({"n": -1}, path, overwrite=True)  # the next save works, and tidies up
     assert torch.load(path, weights_only=True) == {"n": -1}
     assert os.listdir(tmp_path) == ["w.pt"]
+
+
+def test_a_nesting_torch_reads_is_kept(tmp_path):
+    jm.save({"deep": _nested(90)}, tmp_path / "deep.pt")
+    got = torch.load(tmp_path / "deep.pt", weights_only=True)["deep"]
+    for _ in range(90):
+        (got,) = got
+    assert got == []
 
 
 def test_a_training_checkpoint_resumes_in_torch(tmp_path):

@@ -349,7 +349,8 @@ def _forwarded(cell: Cell, v: Any, name: str) -> Any:
     try:
         return getattr(v, name)
     except AttributeError:
-        pass
+        if any(name in vars(k) for k in type(v).__mro__):
+            raise  # the attribute exists and raised itself (e.g. ``backward``'s hint)
     kind = type(cell).__name__
     if isinstance(v, jax.core.Tracer) and hasattr(_ArrayImpl, name):
         raise AttributeError(

@@ -42,6 +42,7 @@ import numpy as np
 from jmodule._lowering import state
 from jmodule.serialization import _atomic
 from jmodule.serialization._errors import CheckpointExistsError
+from jmodule.serialization._tree import MAX_DEPTH
 
 #: numpy dtype name -> torch storage class name.
 _STORAGE = {
@@ -59,8 +60,8 @@ _STORAGE = {
     "bool": "BoolStorage",
 }
 _ALIGN = 64
-#: Nesting deeper than this is refused (no state_dict nests so deep).
-_MAX_DEPTH = 256
+#: Nesting deeper than this is refused, as for every jm.save (no state_dict nests so deep).
+_MAX_DEPTH = MAX_DEPTH
 
 
 class _Pickle:
@@ -165,7 +166,10 @@ class _Pickle:
 
     def value(self, x: Any, key: str, depth: int = 0) -> None:
         if depth > _MAX_DEPTH:
-            raise TypeError(f"cannot save '{key}': nested more than {_MAX_DEPTH} levels deep")
+            raise TypeError(
+                f"cannot save '{key}': it is nested more than {_MAX_DEPTH} containers deep "
+                "(or contains itself)"
+            )
         depth += 1
         if x is None:
             self.w(b"N")
