@@ -80,5 +80,14 @@ def _define() -> Any:
     return CellBackend
 
 
-#: The backend class einops finds for state cells (None without einops installed).
-CellBackend = _define() if importlib.util.find_spec("einops") is not None else None
+def _try_define() -> Any:
+    if importlib.util.find_spec("einops") is None:
+        return None
+    try:
+        return _define()
+    except (ImportError, AttributeError):  # an einops without this extension point
+        return None
+
+
+#: The backend class einops finds for state cells (None without a usable einops).
+CellBackend = _try_define()
