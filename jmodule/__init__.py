@@ -9,6 +9,7 @@
 """
 
 from jmodule import _device
+from jmodule import _einops as _einops
 from jmodule import _hints as _hints
 from jmodule import checkpoint as checkpoint
 from jmodule import distributed as distributed

@@ -113,7 +113,7 @@ def test_apply_visits_the_original_tree():
 def test_attributes_read_and_write_through_to_the_original():
     model = Net()
     sm = jm.jit.script(model)
-    sm.extra = nn.Linear(2, 2)
+    sm.module.extra = nn.Linear(2, 2)  # structure changes go to the wrapped module
     assert model.extra is sm.extra
     sm.note = "hello"
     assert model.note == "hello" and sm.note == "hello"

@@ -334,8 +334,10 @@ def test_unsupported_values_name_their_key(tmp_path):
 
 
 def test_pickle_suffix_is_refused_with_advice(tmp_path):
-    with pytest.raises(ValueError, match=r"does not write pickles.*model\.safetensors"):
-        jms.save({"w": jnp.ones(2)}, tmp_path / "model.pt")
+    # .pt/.pth/.bin get PyTorch's zip format (tests/test_save_pt.py); general pickles do not.
+    with pytest.raises(ValueError, match=r"does not write general pickles.*model\.pt"):
+        jms.save({"w": jnp.ones(2)}, tmp_path / "model.pkl")
+    assert os.listdir(tmp_path) == []
 
 
 def test_metadata_round_trips(tmp_path):

@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.array import ArrayImpl as _ArrayImpl
 
 from jmodule._convert import torch_to_numpy
 
@@ -280,8 +281,8 @@ class Cell:
                 raise RuntimeError(f"{META_HELP} (while looking up .{name})")
             return getattr(v, name)
         if name in _METADATA:  # no value is computed with: a gradient recorder need not see it
-            return getattr(v, name)
-        return getattr(read(self), name)
+            return _forwarded(self, v, name)
+        return _forwarded(self, read(self), name)
 
     def __jax_array__(self) -> jax.Array:
         v = read(self)
@@ -341,6 +342,27 @@ class Cell:
     __pos__ = _unary(operator.pos)
     __abs__ = _unary(operator.abs)
     __invert__ = _unary(operator.invert)
+
+
+def _forwarded(cell: Cell, v: Any, name: str) -> Any:
+    """``v.name`` for ``cell.name``; an AttributeError names the cell's class, not JAX's."""
+    try:
+        return getattr(v, name)
+    except AttributeError:
+        if any(name in vars(k) for k in type(v).__mro__):
+            raise  # the attribute exists and raised itself (e.g. ``backward``'s hint)
+    kind = type(cell).__name__
+    if isinstance(v, jax.core.Tracer) and hasattr(_ArrayImpl, name):
+        raise AttributeError(
+            f"'{kind}' object has no attribute '{name}' while it holds a traced value (inside "
+            f"jm.compile, jm.backward or jax.jit): jax.Array.{name} exists only on concrete "
+            "arrays; read it outside the traced code"
+        ) from None
+    raise AttributeError(
+        f"'{kind}' object has no attribute '{name}' (a jmodule {kind} has jax.Array's "
+        "attributes and the torch.Tensor methods listed in its docs; for another torch "
+        "method call the function of that name on it: jm.<name>(p) or jnp.<name>(p))"
+    ) from None
 
 
 def flatten_cell(cell: Cell) -> tuple[tuple[Any], None]:

@@ -32,6 +32,7 @@ from jmodule.jit._debug import DebugOptions, WithDumps, WithFallback
 from jmodule.jit._errors import NotTracedError, TracingError
 from jmodule.jit._trace import FlatForward, Signature, Traced, trace_symbolic
 from jmodule.nn.modules.module import Module
+from jmodule.nn.parameter import Buffer
 
 logger = logging.getLogger("jmodule.jit")
 
@@ -174,15 +175,84 @@ class ScriptModule(Module):
                 raise
             return getattr(module, name)
 
+    # ------------------------------------------------------------------ fixed structure
+    # As TorchScript's ScriptModule (RuntimeError, in its words), the wrapper's own
+    # structure is fixed: no new submodules, parameters or buffers, no deletions.
+    # Replacing the value of an existing parameter or buffer is allowed, as there.
+    # The wrapped ``.module`` is an ordinary Module: change it (the next call recompiles).
+
+    def _refuse_module(self, name: Any, module: Any) -> RuntimeError:
+        return RuntimeError(
+            "Cannot re-assign modules in a ScriptModule with non-scripted module, tried to "
+            f"replace existing module '{name}': {module!r}. A jm.jit.ScriptModule's own "
+            "structure is fixed (as TorchScript's): change the wrapped module instead, e.g. "
+            f"script_module.module.add_module({name!r}, ...); the next call recompiles."
+        )
+
+    def _refuse_new(self, name: Any) -> RuntimeError:
+        return RuntimeError(
+            f"Can't add a new parameter after ScriptModule construction. Tried to add '{name}'. "
+            "A jm.jit.ScriptModule's own structure is fixed (as TorchScript's): register it on "
+            "the wrapped module instead (script_module.module.register_parameter / "
+            "register_buffer / attribute assignment); the next call recompiles."
+        )
+
+    def _has_state(self, name: Any) -> bool:
+        m = self.module.__dict__
+        return name in m["_parameters"] or name in m["_buffers"]
+
+    def add_module(self, name: str, module: Module | None) -> None:
+        """Refused: raises ``RuntimeError`` (change the wrapped ``.module`` instead)."""
+        raise self._refuse_module(name, module)
+
+    def register_module(self, name: str, module: Module | None) -> None:
+        """Refused: raises ``RuntimeError`` (change the wrapped ``.module`` instead)."""
+        raise self._refuse_module(name, module)
+
+    def set_submodule(self, target: str, module: Module, strict: bool = False) -> None:
+        """Refused: raises ``RuntimeError`` (change the wrapped ``.module`` instead)."""
+        raise self._refuse_module(target, module)
+
+    def register_parameter(self, name: str, param: Any) -> None:
+        """Replace an existing parameter of the wrapped module; a new name raises
+        ``RuntimeError`` (register it on the wrapped ``.module`` instead)."""
+        if not self._has_state(name):
+            raise self._refuse_new(name)
+        self.module.register_parameter(name, param)
+
+    def register_buffer(self, name: str, tensor: Any, persistent: bool = True) -> None:
+        """Replace an existing buffer of the wrapped module; a new name raises
+        ``RuntimeError`` (register it on the wrapped ``.module`` instead)."""
+        if not self._has_state(name):
+            raise self._refuse_new(name)
+        self.module.register_buffer(name, tensor, persistent)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "training":
             ScriptModule.training.fset(self, value)  # type: ignore[attr-defined]
         elif name in self.__dict__ and not _is_state(value):
             self.__dict__[name] = value
+        elif isinstance(value, Module) or name in self.module.__dict__["_modules"]:
+            raise self._refuse_module(name, value)
+        elif (_is_param(value) or isinstance(value, Buffer)) and not self._has_state(name):
+            raise self._refuse_new(name)
+        elif value is None and self._has_state(name):
+            raise RuntimeError(
+                f"cannot delete methods or parameters of a script module ('{name}' = None): set "
+                "it on the wrapped module instead (script_module.module.<name> = None); the next "
+                "call recompiles."
+            )
         else:
             setattr(self.module, name, value)
 
     def __delattr__(self, name: str) -> None:
+        m = self.module.__dict__
+        if name in m["_modules"] or self._has_state(name):
+            raise RuntimeError(
+                f"cannot delete methods or parameters of a script module ('{name}'): delete it "
+                "from the wrapped module instead (del script_module.module.<name>); the next "
+                "call recompiles."
+            )
         delattr(self.module, name)
 
     def train(self, mode: bool = True) -> ScriptModule:

@@ -4,32 +4,403 @@ A :class:`Parameter` is what ``module.weight`` returns. It is usable wherever a
 ``jax.Array`` is (``jnp``/``jax.nn`` functions, arithmetic, indexing, as a
 ``jax.jit`` argument) because it is a state cell (``jmodule._lowering.state.Cell``):
 a pytree node with one leaf that defines the array operators; ``jax.lax``
-primitives need the raw array (``param.data``).
+primitives need the raw array (``param.data``). It also has the ``torch.Tensor``
+methods model code calls on parameters (``numel``, ``size``, ``view``,
+``transpose``, ``copy_``, ``normal_``, ...), with PyTorch's meaning, and einops
+accepts it (``jmodule/_einops.py`` registers a backend through einops' own
+extension point).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jmodule._lowering import state
 from jmodule._lowering.state import META_HELP as META_HELP
 from jmodule._lowering.state import Cell, as_array
+from jmodule.nn import init
 
-__all__ = ["Buffer", "Parameter", "as_array"]
+__all__ = ["Buffer", "Parameter", "Size", "as_array"]
 
 # ``as_array`` is the state module's; it is re-exported here, where PyTorch-facing
 # code has always found it.
+
+
+class Size(tuple):
+    """``torch.Size``: the tuple of ints ``Parameter.size()`` returns (equal to the tuple).
+
+    >>> from jmodule.nn.parameter import Size
+    >>> Size((2, 3)), Size((2, 3)).numel(), Size((2, 3)) == (2, 3)
+    (Size([2, 3]), 6, True)
+    """
+
+    def numel(self) -> int:
+        """The number of elements of an array of this shape."""
+        return math.prod(self)
+
+    def __repr__(self) -> str:
+        return f"Size({list(self)})"
+
+    def __getitem__(self, idx: Any) -> Any:
+        out = super().__getitem__(idx)
+        return Size(out) if isinstance(idx, slice) else out
+
+
+class _SizeAttribute(int):
+    """``p.size``: the element count, as ``jax.Array.size`` is (so jnp-style code keeps
+    working), which called is ``torch.Tensor.size(dim=None)``."""
+
+    def __new__(cls, shape: tuple[int, ...]) -> _SizeAttribute:
+        out = super().__new__(cls, math.prod(shape))
+        out._shape = tuple(shape)
+        return out
+
+    def __call__(self, dim: int | None = None) -> Any:
+        if dim is None:
+            return Size(self._shape)
+        return self._shape[_dim(dim, len(self._shape), "size", empty_ok=False)]
+
+
+def _dim(dim: Any, ndim: int, what: str, empty_ok: bool = True) -> int:
+    """``dim`` wrapped into ``range(ndim)`` as PyTorch does, with its errors."""
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"{what}(): argument 'dim' must be int, not {type(dim).__name__}")
+    dim = int(dim)
+    if ndim == 0 and not empty_ok:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    n = max(ndim, 1)  # a 0-d tensor's dims are [-1, 0], as PyTorch's
+    if not -n <= dim < n:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
+    return dim % n if ndim else 0
+
+
+def _view_shape(shape: tuple, numel: int) -> tuple[int, ...]:
+    """PyTorch's ``view`` shape check and ``-1`` inference (its error messages)."""
+    shown = "[" + ", ".join(map(str, shape)) + "]"
+    free = [i for i, n in enumerate(shape) if n == -1]
+    for i, n in enumerate(shape):
+        if n < -1:
+            raise RuntimeError(f"invalid shape dimension {n} at index {i} of shape {shown}")
+    if len(free) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    known = math.prod(n for n in shape if n != -1)
+    if free:
+        if known == 0:
+            if numel == 0:
+                raise RuntimeError(
+                    f"cannot reshape tensor of 0 elements into shape {shown} because the "
+                    "unspecified dimension size -1 can be any value and is ambiguous"
+                )
+            raise RuntimeError(f"shape '{shown}' is invalid for input of size {numel}")
+        if numel % known:
+            raise RuntimeError(f"shape '{shown}' is invalid for input of size {numel}")
+        return tuple(numel // known if n == -1 else n for n in shape)
+    if known != numel:
+        raise RuntimeError(f"shape '{shown}' is invalid for input of size {numel}")
+    return tuple(shape)
+
+
+_INPLACE_HELP = (
+    "a leaf Variable that requires grad is being used in an in-place operation. (Inside "
+    "jm.backward, as in PyTorch's grad mode; in-place changes of a parameter belong outside "
+    "the closure, e.g. after the optimizer step, or on p.data.)"
+)
+
+
+def _arg(x: Any) -> Any:
+    return state.value(x)
+
+
+class _TensorMethods(Cell):
+    """The ``torch.Tensor`` methods model code calls on parameters (API.md section 11).
+
+    Reading methods compute through ``state.read`` (a ``jm.backward`` sees
+    them: gradients flow); in-place ones replace the value as ``p.data = ...``
+    does and return the parameter. ``transpose``, ``view`` and ``size`` have
+    PyTorch's meaning, not NumPy's (``jax.Array.transpose(*axes)`` permutes,
+    ``.view(dtype)`` only reinterprets, ``.size`` is an int): ``p.size`` is
+    still the element count for jnp-style code, and calling it is torch's.
+    """
+
+    # ------------------------------------------------------------------ shape and type
+
+    def _meta_or_value(self) -> Any:
+        return state.peek(self)
+
+    @property
+    def size(self) -> Any:
+        """The element count (an ``int``, as ``jax.Array.size``); called, PyTorch's
+        ``size(dim=None)``: a :class:`Size`, or one dimension's length.
+
+        Raises:
+            IndexError: ``dim`` out of range (PyTorch's message).
+        """
+        return _SizeAttribute(tuple(self._meta_or_value().shape))
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return math.prod(self._meta_or_value().shape)
+
+    def nelement(self) -> int:
+        """Alias for :meth:`numel`."""
+        return self.numel()
+
+    def dim(self) -> int:
+        """The number of dimensions."""
+        return len(self._meta_or_value().shape)
+
+    def ndimension(self) -> int:
+        """Alias for :meth:`dim`."""
+        return self.dim()
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return jnp.dtype(self._meta_or_value().dtype).itemsize
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a floating type (bfloat16 and float16 included; not complex)."""
+        return bool(jnp.issubdtype(self._meta_or_value().dtype, jnp.floating))
+
+    def is_complex(self) -> bool:
+        """Whether the dtype is complex."""
+        return bool(jnp.issubdtype(self._meta_or_value().dtype, jnp.complexfloating))
+
+    # ------------------------------------------------------------------ reading
+
+    def _read(self) -> Any:
+        v = state.read(self)
+        if isinstance(v, jax.ShapeDtypeStruct):
+            raise RuntimeError(META_HELP)
+        return v
+
+    def detach(self) -> jax.Array:
+        """The value without gradient tracking: a plain ``jax.Array``."""
+        return jax.lax.stop_gradient(self._read())
+
+    def clone(self) -> jax.Array:
+        """A copy of the value (a ``jax.Array``; gradients flow through it, as in PyTorch)."""
+        return jnp.array(self._read(), copy=True)
+
+    def view(self, *shape: Any) -> jax.Array:
+        """PyTorch's ``view``: the value reshaped to ``shape`` (one ``-1`` is inferred).
+
+        ``view(dtype)`` reinterprets the bytes, as in PyTorch. Arrays are
+        immutable, so the result is a reshaped array, not an alias of the
+        parameter (writing to it cannot change the parameter).
+
+        Raises:
+            RuntimeError: a shape that does not fit the element count (PyTorch's message).
+        """
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        v = self._read()
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            return v.view(shape[0])  # a dtype
+        if not shape:
+            raise TypeError("view() takes a shape (ints or one tuple of ints) or a dtype")
+        if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+            raise TypeError(f"view(): size must be a tuple of ints, got {shape!r}")
+        return jnp.reshape(v, _view_shape(tuple(int(n) for n in shape), math.prod(v.shape)))
+
+    def transpose(self, dim0: int, dim1: int) -> jax.Array:
+        """PyTorch's ``transpose``: dimensions ``dim0`` and ``dim1`` swapped.
+
+        Not NumPy's ``transpose(*axes)`` (a permutation): for that use
+        ``p.permute(*dims)`` or ``jnp.transpose(p, axes)``; ``p.T`` reverses.
+
+        Raises:
+            IndexError: a dimension out of range (PyTorch's message).
+        """
+        v = self._read()
+        a = _dim(dim0, v.ndim, "transpose")
+        b = _dim(dim1, v.ndim, "transpose")
+        return jnp.swapaxes(v, a, b) if v.ndim else v
+
+    def permute(self, *dims: Any) -> jax.Array:
+        """PyTorch's ``permute``: the dimensions in the order ``dims``."""
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = tuple(dims[0])
+        v = self._read()
+        return jnp.transpose(v, [_dim(d, v.ndim, "permute") for d in dims])
+
+    def t(self) -> jax.Array:
+        """PyTorch's ``t()``: a 2-D value transposed (0-D and 1-D unchanged)."""
+        v = self._read()
+        if v.ndim > 2:
+            raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {v.ndim}D")
+        return v.T
+
+    # Arithmetic named as torch.Tensor's (jax.Array has operators, not these names).
+    def add(self, other: Any, *, alpha: Any = 1) -> jax.Array:
+        """``self + alpha * other``."""
+        return self._read() + (_arg(other) if alpha == 1 else alpha * _arg(other))
+
+    def sub(self, other: Any, *, alpha: Any = 1) -> jax.Array:
+        """``self - alpha * other``."""
+        return self._read() - (_arg(other) if alpha == 1 else alpha * _arg(other))
+
+    def mul(self, other: Any) -> jax.Array:
+        """``self * other``."""
+        return self._read() * _arg(other)
+
+    def div(self, other: Any, *, rounding_mode: str | None = None) -> jax.Array:
+        """``self / other`` (``rounding_mode`` ``"trunc"``/``"floor"`` as in PyTorch)."""
+        v, o = self._read(), _arg(other)
+        if rounding_mode is None:
+            return v / o
+        if rounding_mode == "floor":
+            return jnp.floor_divide(v, o)
+        if rounding_mode == "trunc":
+            return jnp.trunc(v / o).astype(jnp.result_type(v, o))
+        raise RuntimeError(
+            "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+            f"'{rounding_mode}'"
+        )
+
+    def pow(self, exponent: Any) -> jax.Array:
+        """``self ** exponent``."""
+        return self._read() ** _arg(exponent)
+
+    def matmul(self, other: Any) -> jax.Array:
+        """``self @ other``."""
+        return self._read() @ _arg(other)
+
+    def neg(self) -> jax.Array:
+        """``-self``."""
+        return -self._read()
+
+    def abs(self) -> jax.Array:
+        """``abs(self)``."""
+        return jnp.abs(self._read())
+
+    def exp(self) -> jax.Array:
+        """Elementwise ``e ** self``."""
+        return jnp.exp(self._read())
+
+    def log(self) -> jax.Array:
+        """Elementwise natural logarithm."""
+        return jnp.log(self._read())
+
+    def sqrt(self) -> jax.Array:
+        """Elementwise square root."""
+        return jnp.sqrt(self._read())
+
+    def square(self) -> jax.Array:
+        """Elementwise square."""
+        return jnp.square(self._read())
+
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> jax.Array:
+        """PyTorch's ``norm``: the 2-norm of all elements by default (``p`` a number:
+        the vector p-norm, over ``dim`` when given)."""
+        v = self._read()
+        if p == "fro" or p is None:
+            p = 2
+        axis = None if dim is None else tuple(np.atleast_1d(dim).tolist())
+        flat = v.reshape(-1) if axis is None else v
+        return jnp.linalg.vector_norm(flat, ord=p, axis=axis, keepdims=keepdim)
+
+    # ------------------------------------------------------------------ in place
+
+    def _store(self, new: Any) -> _TensorMethods:
+        """Replace the value as ``p.data = new`` does; the parameter, for chaining."""
+        recorder = state.local.recorder
+        if recorder is not None and state.requires_grad(self):
+            raise RuntimeError(_INPLACE_HELP)
+        state.assign(self, new)
+        return self
+
+    def _placed(self, new: Any, old: Any) -> Any:
+        """``new`` with ``old``'s dtype, shape and (for concrete arrays) sharding."""
+        new = jnp.asarray(new, dtype=old.dtype)
+        if isinstance(old, jax.Array) and not isinstance(old, jax.core.Tracer):
+            if not isinstance(new, jax.core.Tracer) and new.sharding != old.sharding:
+                new = jax.device_put(new, old.sharding)
+        return new
+
+    def copy_(self, src: Any, non_blocking: bool = False) -> _TensorMethods:
+        """Copy ``src`` (broadcast to this shape, cast to this dtype) into the parameter.
+
+        Raises:
+            RuntimeError: ``src`` does not broadcast to this shape (PyTorch's
+                message), or inside ``jm.backward`` for a parameter that
+                requires grad.
+        """
+        old = state.peek(self)
+        if isinstance(old, jax.ShapeDtypeStruct):
+            return self  # meta: no data to copy into
+        v = as_array(src)
+        shape = tuple(old.shape)
+        src_shape = tuple(v.shape)
+        for i in range(1, min(len(shape), len(src_shape)) + 1):
+            a, b = shape[-i], src_shape[-i]
+            if b not in (1, a) and a != 1:
+                raise RuntimeError(
+                    f"The size of tensor a ({a}) must match the size of tensor b ({b}) at "
+                    f"non-singleton dimension {len(shape) - i}"
+                )
+        wide = np.broadcast_shapes(shape, src_shape)
+        if tuple(wide) != shape:
+            raise RuntimeError(
+                f"output with shape {list(shape)} doesn't match the broadcast shape {list(wide)}"
+            )
+        return self._store(self._placed(jnp.broadcast_to(v.astype(old.dtype), shape), old))
+
+    def fill_(self, value: Any) -> _TensorMethods:
+        """Set every element to ``value`` (a number or a 0-d array).
+
+        Raises:
+            RuntimeError: ``value`` has dimensions (PyTorch's message).
+        """
+        old = state.peek(self)
+        if isinstance(old, jax.ShapeDtypeStruct):
+            return self
+        v = state.value(value)
+        ndim = getattr(v, "ndim", 0)
+        if ndim:
+            raise RuntimeError(
+                f"fill_ only supports 0-dimension value tensor but got tensor with {ndim} "
+                "dimensions."
+            )
+        return self._store(self._placed(jnp.full(old.shape, v, old.dtype), old))
+
+    def zero_(self) -> _TensorMethods:
+        """Set every element to zero."""
+        return self.fill_(0)
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Any:
+        """Fill with values drawn from N(mean, std²), from the jm generator (or ``generator``):
+        the same values as ``jm.nn.init.normal_``; in compiled code the key is threaded
+        through like dropout's."""
+        self._store(state.peek(self))  # the same checks as every in-place method
+        return init.normal_(self, mean, std, generator=generator)
+
+    def uniform_(
+        self, a: float = 0.0, b: float = 1.0, *, generator: Any = None, **bounds: Any
+    ) -> Any:
+        """Fill with values drawn from U(a, b) (PyTorch's names ``from``/``to`` work as
+        keywords too), from the jm generator (or ``generator``), as ``jm.nn.init.uniform_``."""
+        unknown = set(bounds) - {"from", "to"}
+        if unknown:
+            raise TypeError(f"uniform_() got unexpected keyword argument(s) {sorted(unknown)}")
+        a = bounds.get("from", a)
+        b = bounds.get("to", b)
+        self._store(state.peek(self))
+        return init.uniform_(self, a, b, generator=generator)
 
 
 def _differentiable(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
-class Parameter(Cell):
+class Parameter(_TensorMethods):
     """A module parameter: a ``jax.Array`` value plus ``requires_grad`` and ``grad``.
 
     Args:
@@ -106,10 +477,6 @@ class Parameter(Cell):
     def is_leaf(self) -> bool:
         return True
 
-    def detach(self) -> jax.Array:
-        """The value without gradient tracking: the plain ``jax.Array``."""
-        return jax.lax.stop_gradient(state.read(self))
-
     def __repr__(self) -> str:
         return f"Parameter containing:\n{state.peek(self)!r}"
 
@@ -149,7 +516,7 @@ def _rebuild_parameter(cls: type, state: dict) -> Parameter:
     return out
 
 
-class Buffer(Cell):
+class Buffer(_TensorMethods):
     """Marks an array as a buffer when assigned to a module attribute (PyTorch 2.x).
 
     ``module.x = nn.Buffer(array, persistent=False)`` registers ``x`` as a

@@ -1,7 +1,9 @@
 """Checkpoints and weight files: ``jm.save``, ``jm.load`` and their errors.
 
 ``jm.save(obj, path)`` writes an Orbax checkpoint directory (atomically,
-with a CRC-32 per array) or, for ``*.safetensors`` paths, a safetensors file.
+with a CRC-32 per array), for ``*.safetensors`` paths a safetensors file, and
+for ``*.pt``/``*.pth``/``*.bin`` paths a PyTorch zip file (weights only, written
+without PyTorch, read by ``torch.load(path, weights_only=True)``).
 ``jm.load(path)`` reads those, Hugging Face sharded checkpoints and PyTorch
 ``.pt``/``.bin`` files (without PyTorch, refusing pickles that run code).
 Numbered, asynchronous checkpoints are :class:`jmodule.checkpoint.CheckpointManager`.

@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from jmodule import _untrusted
-from jmodule.serialization import _directory, _errors, _safetensors, _torch_pickle
+from jmodule.serialization import _directory, _errors, _safetensors, _torch_pickle, _torch_writer
 from jmodule.serialization._errors import CorruptCheckpointError
 
-_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle")
+#: Paths that get a PyTorch zip file (``torch.save``'s format, weights only).
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+#: Paths of general pickles, which jm does not write.
+_PICKLE_SUFFIXES = (".pkl", ".pickle")
 
 
 def save(
@@ -23,7 +26,14 @@ def save(
     """Save a state_dict (or nested dicts of them and plain values) to ``path``.
 
     A path ending in ``.safetensors`` gets a safetensors file (a flat mapping
-    of names to arrays only). Any other path becomes an Orbax checkpoint
+    of names to arrays only). A path ending in ``.pt``, ``.pth`` or ``.bin``
+    gets a PyTorch zip file, ``torch.save``'s format, written without
+    PyTorch and weights only: what ``torch.load(path, weights_only=True)``
+    reads (arrays of every dtype torch has, bfloat16 and float16 included;
+    dict, ``OrderedDict`` with a state_dict's ``_metadata``, list, tuple,
+    int, float, bool, str, None); other objects raise ``TypeError``. Unlike
+    ``torch.save``, an existing file is replaced only with ``overwrite=True``.
+    Any other path becomes an Orbax checkpoint
     directory: arrays of every dtype (bfloat16 and float16 included), plain
     Python values (``int``, ``float``, ``str``, ``bool``, ``None``, lists,
     tuples, ``bytes``), keys, key order and ``OrderedDict`` come back exactly,
@@ -50,10 +60,11 @@ def save(
 
     Args:
         obj: what to save; numpy scalars are saved as 0-d arrays.
-        path: a directory to create, or a ``.safetensors`` file.
+        path: a directory to create, or a ``.safetensors`` or ``.pt``/``.pth``/``.bin``
+            file.
         overwrite: replace an existing checkpoint at ``path`` (atomically).
         metadata: str-to-str notes stored with the checkpoint; read them back
-            with :func:`read_metadata`.
+            with :func:`read_metadata` (PyTorch files carry none: ``ValueError``).
 
     Raises:
         CheckpointExistsError: ``path`` exists and ``overwrite`` is false (or
@@ -62,14 +73,17 @@ def save(
             and the space free, and nothing half-written is left behind.
         NotWritableError: ``path``'s directory is read-only or not ours to write.
         TypeError: ``obj`` holds a value jm cannot store (its key is named).
-        ValueError: ``path`` ends in ``.pt``/``.bin``/...: jm does not write
-            pickles.
+        ValueError: ``path`` ends in ``.pkl``/``.pickle``: jm does not write
+            general pickles; or ``metadata`` for a PyTorch file.
 
     >>> import tempfile, jax.numpy as jnp, jmodule as jm
     >>> d = tempfile.mkdtemp()
     >>> jm.save({"w": jnp.ones((2, 2)), "epoch": 3}, f"{d}/ckpt")
     >>> jm.load(f"{d}/ckpt")["epoch"]
     3
+    >>> jm.save({"w": jnp.ones((2, 2))}, f"{d}/w.pt")  # torch.load(..., weights_only=True) reads it
+    >>> jm.load(f"{d}/w.pt")["w"].shape
+    (2, 2)
     """
     p = Path(os.fspath(path))
     if p.suffix == ".safetensors":
@@ -78,11 +92,25 @@ def save(
         with _errors.saving(final, lambda: _nbytes(obj), keeps_old=overwrite and final.exists()):
             _safetensors.write(obj, p, metadata=metadata, overwrite=overwrite)
         return
+    if p.suffix in _TORCH_SUFFIXES:
+        if metadata is not None:
+            raise ValueError(
+                f"PyTorch files carry no metadata ('{p}'): save to "
+                f"'{p.with_suffix('.safetensors')}' or to a directory (an Orbax checkpoint) "
+                "to keep it."
+            )
+        final = Path(os.path.abspath(p))
+        with _errors.saving(
+            final, lambda: _torch_writer.nbytes(obj), keeps_old=overwrite and final.exists()
+        ):
+            _torch_writer.write(obj, p, overwrite=overwrite)
+        return
     if p.suffix in _PICKLE_SUFFIXES:
         raise ValueError(
-            f"jm.save does not write pickles ('{p}'): pickles run code when loaded. Save to a "
-            f"directory (an Orbax checkpoint, e.g. '{p.with_suffix('')}') or to "
-            f"'{p.with_suffix('.safetensors')}'; jm.load still reads .pt/.bin files."
+            f"jm.save does not write general pickles ('{p}'): pickles run code when loaded. "
+            f"Save to '{p.with_suffix('.pt')}' (PyTorch's weights-only format), to a directory "
+            f"(an Orbax checkpoint, e.g. '{p.with_suffix('')}') or to "
+            f"'{p.with_suffix('.safetensors')}'."
         )
     _directory.write(_directory.prepare(obj, metadata), p, overwrite=overwrite)
 

@@ -77,6 +77,37 @@ class _NormBase(Module):
             if self.bias is not None:
                 init.zeros_(self.bias)
 
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # As PyTorch: ``num_batches_tracked`` came with version 2, so a state_dict whose
+        # metadata does not say it is version 2 or later (a plain dict has no metadata)
+        # may lack it; the module then keeps its own count (zero for a meta one).
+        version = local_metadata.get("version", None)
+        if (version is None or version < 2) and self.track_running_stats:
+            key = prefix + "num_batches_tracked"
+            if key not in state_dict:
+                current = self._buffers.get("num_batches_tracked")
+                if current is None or isinstance(current, jax.ShapeDtypeStruct):
+                    current = jnp.zeros((), jnp.int64 if _x64() else jnp.int32)
+                state_dict[key] = current
+        super()._load_from_state_dict(
+            state_dict,
+            prefix,
+            local_metadata,
+            strict,
+            missing_keys,
+            unexpected_keys,
+            error_msgs,
+        )
+
     def extra_repr(self) -> str:
         return (
             f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "

@@ -264,6 +264,49 @@ class _InstanceNorm(_NormBase):
             bias=bias,
         )
 
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # As PyTorch: before version 1 instance norms kept running statistics by
+        # default; such keys for a module that tracks none are an error, listed
+        # with the others.
+        if local_metadata.get("version", None) is None and not self.track_running_stats:
+            found = [
+                prefix + n for n in ("running_mean", "running_var") if prefix + n in state_dict
+            ]
+            if found:
+                klass = type(self).__name__
+                error_msgs.append(
+                    "Unexpected running stats buffer(s) {names} for {klass} "
+                    "with track_running_stats=False. If state_dict is a "
+                    "checkpoint saved before 0.4.0, this may be expected "
+                    "because {klass} does not track running stats by default "
+                    "since 0.4.0. Please remove these keys from state_dict. If "
+                    "the running stats are actually needed, instead set "
+                    "track_running_stats=True in {klass} to enable them. See "
+                    "the documentation of {klass} for details.".format(
+                        names=" and ".join(f'"{k}"' for k in found), klass=klass
+                    )
+                )
+                for key in found:
+                    state_dict.pop(key)
+        super()._load_from_state_dict(
+            state_dict,
+            prefix,
+            local_metadata,
+            strict,
+            missing_keys,
+            unexpected_keys,
+            error_msgs,
+        )
+
     def _check_input_dim(self, input: Any) -> None:
         nb = self._no_batch_dim
         if input.ndim not in (nb, nb + 1):
