@@ -3,7 +3,9 @@
 Layouts are PyTorch's: input ``(N, C, *spatial)`` (or unbatched
 ``(C, *spatial)``), weight ``(out, in / groups, *kernel)`` for convolutions
 and ``(in, out / groups, *kernel)`` for transposed ones. Everything lowers to
-``jax.lax.conv_general_dilated``. bfloat16/float16 convolutions accumulate in
+``jax.lax.conv_general_dilated``, except small output maps on the CPU, which
+run as im2col + one matmul (``_conv_lowering``: XLA's CPU convolution is up to
+50x slower there). bfloat16/float16 convolutions accumulate in
 float32 and round once, as PyTorch's CPU and cuDNN kernels do. Inputs and
 weights of different float dtypes are promoted (PyTorch raises instead).
 """
@@ -15,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jmodule.nn.functional import _conv_lowering as _lowering
 from jmodule.nn.functional._utils import compute_dtype, jit, ntuple, shape_str
 from jmodule.nn.parameter import as_array
 
@@ -132,6 +135,12 @@ def _conv(
             f"Kernel size: ({' x '.join(map(str, effective))}). Kernel size can't be greater "
             f"than actual input size (input shape {tuple(x.shape)})"
         )
+    out_spatial = _lowering.output_size(x.shape[2:], kernel, stride, pads, dilation)
+    if _lowering.use_matmul(out_spatial):  # XLA:CPU's convolution is slow on small maps
+        out = _lowering.conv_matmul(
+            x, w, stride, pads, dilation, groups, preferred_element_type=compute_dtype(dtype)
+        )
+        return _finish(out, b, dtype, batched)
     out = jax.lax.conv_general_dilated(
         x,
         w,
