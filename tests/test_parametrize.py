@@ -227,6 +227,8 @@ def test_assigning_the_parametrized_tensor_runs_right_inverse():
     out = assign(j, jnp.asarray(2 * value))
     _close(out, 2 * value)
     _close(j.parametrizations.weight.original, value)  # right_inverse: / 2
+    _close(assign(j, jnp.asarray(value)), value)
+    assert jm.compile_stats(assign).num_traces == 1  # the setter changes no structure
     # A parametrization without right_inverse cannot be assigned (as torch)
     j2 = P.register_parametrization(_linear(jm, 3, 3), "weight", _symmetric(jm))
     t2 = torch.nn.utils.parametrize.register_parametrization(
@@ -282,6 +284,56 @@ def test_remove_parametrizations_matches_torch(leave, kind):
     assert (j.weight is j_orig) == (t.weight is t_orig)  # same Parameter object kept
     assert isinstance(j.weight, jm.nn.Parameter)
     _assert_same_state(j, t, 1e-5, 1e-6)
+
+
+def test_buffer_parametrization_matches_torch():
+    """A buffer is parametrized as a buffer: ``original`` is a buffer, not a parameter."""
+
+    def run(ns):
+        m = ns.nn.BatchNorm1d(3).eval()
+        _reg(ns).register_parametrization(m, "running_var", _scale(ns))
+        x = np.random.default_rng(2).standard_normal((4, 3)).astype("float32")
+        out = m(torch.from_numpy(x) if ns is torch else jnp.asarray(x))
+        names = ([n for n, _ in m.named_buffers()], [n for n, _ in m.named_parameters()])
+        _reg(ns).remove_parametrizations(m, "running_var")
+        return m, out, names
+
+    (t, t_out, t_names), (j, j_out, j_names) = run(torch), run(jm)
+    assert j_names == t_names
+    assert "parametrizations.running_var.original" in j_names[0]
+    _close(j_out, t_out)
+    _assert_same_state(j, t)
+    assert "running_var" in j._buffers
+
+
+def test_transfer_parametrizations_and_params_matches_torch():
+    def run(ns):
+        src = _reg(ns).register_parametrization(_linear(ns), "weight", _scale(ns))
+        dst = _linear(ns, seed=5)
+        _reg(ns).transfer_parametrizations_and_params(src, dst)
+        return src, dst
+
+    (t_src, t_dst), (j_src, j_dst) = run(torch), run(jm)
+    assert type(j_dst).__name__ == "ParametrizedLinear"
+    shared = t_dst.parametrizations.weight.original is t_src.parametrizations.weight.original
+    assert shared  # torch's: the same Parameter object
+    assert j_dst.parametrizations.weight.original is j_src.parametrizations.weight.original
+    _assert_same_state(j_dst, t_dst)
+
+
+def test_orthogonal_complex_matches_torch():
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((3, 3)) + 1j * rng.standard_normal((3, 3))).astype("complex64")
+    for omap in (None, "cayley"):
+
+        def build(ns, omap=omap):
+            m = ns.nn.Module()
+            m.w = ns.nn.Parameter(torch.from_numpy(w.copy()) if ns is torch else jnp.asarray(w))
+            return ns.nn.utils.parametrizations.orthogonal(m, "w", omap)
+
+        t, j = build(torch), build(jm)
+        _assert_same_state(j, t, 1e-5, 1e-6)
+        _close(j.w, t.w, 1e-5, 1e-6)
 
 
 def test_remove_one_of_two_parametrized_tensors_keeps_the_class():
@@ -743,6 +795,25 @@ def test_old_style_weight_is_recomputed_on_read():
     _close(fwd(j, x), x @ _np(j.weight).T + _np(j.bias), 1e-5, 1e-5)
 
 
+def test_old_style_modules_pickle_and_copy():
+    """Unlike parametrized modules, old-style ones pickle (as torch's); jmodule's also
+    deep-copy (torch's weight_norm refuses: its ``weight`` attribute is a non-leaf)."""
+    for ns in (torch, jm):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            for apply in (ns.nn.utils.weight_norm, ns.nn.utils.spectral_norm):
+                m = apply(_linear(ns)).eval()
+                copies = [pickle.loads(pickle.dumps(m))]
+                if ns is jm:
+                    copies.append(copy.deepcopy(m))
+                for c in copies:
+                    assert list(c.state_dict()) == list(m.state_dict())
+                    assert len(c._forward_pre_hooks) == 1
+                    x = np.ones((1, 3), "float32")
+                    arr = torch.from_numpy(x) if ns is torch else jnp.asarray(x)
+                    _close(c(arr), m(arr))
+
+
 # ------------------------------------------------------------------ training
 
 
@@ -814,6 +885,8 @@ def test_ten_sgd_steps_match_torch_float64(kind, compiled):
             t_opt.step()
             j_loss = run(j, j_opt, jnp.asarray(x), jnp.asarray(y))
             np.testing.assert_allclose(float(j_loss), t_loss.item(), rtol=1e-10)
+        if compiled:  # traced once: no structural change from step to step
+            assert jm.compile_stats(run).num_traces == 1, jm.compile_stats(run).reasons
         for k, tv in t.state_dict().items():
             jv = j.state_dict()[k]
             assert np.asarray(jv).dtype == np.float64, k

@@ -266,9 +266,9 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             self._set_buffer(buffers, name, value)
             return
         described = getattr(type(self), name, None)
-        if isinstance(described, property) and described.fset is not None:
-            # A property's setter (a parametrized tensor's, which stores through
-            # ``right_inverse``): what it assigns is checked and stamped where it lands.
+        if isinstance(described, property) and getattr(described.fset, "_assigns_state", False):
+            # A setter that only writes parameters and buffers (a parametrized tensor's,
+            # through ``right_inverse``): a traced value is fine, no attribute changes.
             described.__set__(self, value)
             return
         if isinstance(value, jax.core.Tracer):

@@ -55,6 +55,12 @@ def _householder_product(A: Any, tau: Any) -> Any:
     """``torch.linalg.householder_product``: the first ``k`` columns of
     ``H_1 ... H_k``, ``H_i = I - tau_i v_i v_i^H`` (``v_i``: column ``i`` of ``A``
     below the diagonal, 1 on it). Differentiable (JAX's primitive is not).
+
+    One ``lax.scan`` over the reflectors, applied last to first to the first
+    ``k`` columns of the identity. Measured on this CPU for a 64x32 matrix
+    (value and gradient, jitted): about 4x faster than the compact WY form
+    ``I - V T V^H`` (its triangular solve); an unrolled loop ran about as fast
+    but took 30 s to compile.
     """
     n, k = A.shape[-2], A.shape[-1]
     V = jnp.tril(A, -1) + jnp.eye(n, k, dtype=A.dtype)

@@ -405,6 +405,9 @@ def _inject_property(module: Module, tensor_name: str) -> None:
     def set_original(self: Module, value: Any) -> None:
         self.parametrizations[tensor_name].right_inverse(value)
 
+    # It writes only the originals (state): ``Module.__setattr__`` lets a traced value
+    # through and renews no attribute stamp (which would retrace a program every call).
+    set_original._assigns_state = True  # type: ignore[attr-defined]
     setattr(module.__class__, tensor_name, property(get_parametrized, set_original))
 
 
