@@ -286,6 +286,18 @@ def test_remove_parametrizations_matches_torch(leave, kind):
     _assert_same_state(j, t, 1e-5, 1e-6)
 
 
+def test_unsafe_allows_a_shape_change_as_torch():
+    def run(ns):
+        m = _reg(ns).register_parametrization(
+            _linear(ns), "weight", _shape_changer(ns), unsafe=True
+        )
+        return m.weight, m.parametrizations.weight.unsafe
+
+    (t_w, t_unsafe), (j_w, j_unsafe) = run(torch), run(jm)
+    assert tuple(j_w.shape) == tuple(t_w.shape) == (12,) and j_unsafe is t_unsafe is True
+    _close(j_w, t_w)
+
+
 def test_buffer_parametrization_matches_torch():
     """A buffer is parametrized as a buffer: ``original`` is a buffer, not a parameter."""
 
@@ -702,14 +714,23 @@ def test_spectral_norm_buffers_in_compiled_forward():
 
 
 def test_spectral_norm_registration_estimates_sigma():
-    """Registration runs 16 power iterations (15, then the consistency check's one):
-    from the same start vectors, jmodule's buffers are torch's."""
+    """Registration normalizes the weight (16 power iterations: 15, then the consistency
+    check's one); from the same vectors the power method gives torch's numbers."""
     t = torch.nn.utils.parametrizations.spectral_norm(_linear(torch, 3, 4))
     j = jm.nn.utils.parametrizations.spectral_norm(_linear(jm, 3, 4))
-    sigma = np.linalg.norm(_np(t.parametrizations.weight.original), 2)
+    assert np.linalg.norm(_np(t.parametrizations.weight.original), 2) > 1.1
     np.testing.assert_allclose(np.linalg.norm(_np(j.weight), 2), 1.0, rtol=1e-3)
     np.testing.assert_allclose(np.linalg.norm(_np(t.weight), 2), 1.0, rtol=1e-3)
-    assert sigma > 1.1  # the normalization did something
+    start = {"_u": np.array([1.0, 0, 0, 0], "float32"), "_v": np.array([0, 1.0, 0], "float32")}
+    ts, js = t.parametrizations.weight[0], j.parametrizations.weight[0]
+    with torch.no_grad():
+        for k, v in start.items():
+            getattr(ts, k).copy_(torch.from_numpy(v))
+        ts._power_method(t.parametrizations.weight.original, 15)
+    js.load_state_dict({k: jnp.asarray(v) for k, v in start.items()})
+    js._power_method(jnp.asarray(_np(j.parametrizations.weight.original)), 15)
+    for k in start:
+        _close(getattr(js, k), getattr(ts, k), 1e-5, 1e-6, msg=k)
 
 
 # ------------------------------------------------------------------ old style
