@@ -89,6 +89,8 @@ class _Thread(threading.local):
         self.watch: Any = None
         #: The compiled call being traced here (what ``Program._pure`` binds), or None.
         self.call: Any = None
+        #: The values of an active ``nn.utils.parametrize.cached()`` block, or None.
+        self.parametrize_cache: Any = None
 
 
 #: Per-thread context (a ``threading.local``): never shared between threads.

@@ -213,6 +213,11 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             members = d.get(store)
             if members is not None and name in members:
                 return members[name]
+        # Attributes computed on every read (``name -> fn(module)``): the weight of the
+        # old-style ``nn.utils.weight_norm``/``spectral_norm``, a plain attribute in PyTorch.
+        computed = d.get("_computed_attributes")
+        if computed is not None and name in computed:
+            return computed[name](self)
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -259,6 +264,12 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             return
         if buffers is not None and name in buffers:
             self._set_buffer(buffers, name, value)
+            return
+        described = getattr(type(self), name, None)
+        if isinstance(described, property) and getattr(described.fset, "_assigns_state", False):
+            # A setter that only writes parameters and buffers (a parametrized tensor's,
+            # through ``right_inverse``): a traced value is fine, no attribute changes.
+            described.__set__(self, value)
             return
         if isinstance(value, jax.core.Tracer):
             raise binding.TracerLeakError(

@@ -1,6 +1,7 @@
 """Training utilities, as ``torch.nn.utils``: gradient clipping, flat parameter vectors,
-BatchNorm fusion, ``skip_init``, ``stateless.functional_call`` and ``rnn`` (padded
-and packed sequences).
+BatchNorm fusion, ``skip_init``, ``stateless.functional_call``, ``rnn`` (padded
+and packed sequences), parametrizations (``parametrize``, ``parametrizations``)
+and the old-style ``weight_norm`` / ``spectral_norm``.
 
 Every function reads and writes state through jmodule's own cells (a
 parameter's ``.grad`` and value), so the gradient functions work eagerly and
@@ -22,6 +23,8 @@ inside a ``jm.compile``d training step:
 ((), True)
 """
 
+from jmodule.nn.utils import parametrizations as parametrizations
+from jmodule.nn.utils import parametrize as parametrize
 from jmodule.nn.utils import rnn as rnn
 from jmodule.nn.utils import stateless as stateless
 from jmodule.nn.utils.clip_grad import clip_grad_norm_ as clip_grad_norm_
@@ -35,3 +38,7 @@ from jmodule.nn.utils.fusion import fuse_conv_bn_weights as fuse_conv_bn_weights
 from jmodule.nn.utils.fusion import fuse_linear_bn_eval as fuse_linear_bn_eval
 from jmodule.nn.utils.fusion import fuse_linear_bn_weights as fuse_linear_bn_weights
 from jmodule.nn.utils.init import skip_init as skip_init
+from jmodule.nn.utils.spectral_norm import remove_spectral_norm as remove_spectral_norm
+from jmodule.nn.utils.spectral_norm import spectral_norm as spectral_norm
+from jmodule.nn.utils.weight_norm import remove_weight_norm as remove_weight_norm
+from jmodule.nn.utils.weight_norm import weight_norm as weight_norm
