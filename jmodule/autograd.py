@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from jmodule._lowering import recorder as _recorder
 from jmodule._lowering import state
+from jmodule._lowering.binding import TracerLeakError
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter
 
@@ -113,6 +115,8 @@ def _accumulate(rec: _recorder.Recorder, grads: dict[int, Any] | None, zeroed: A
             if fresh:
                 p.grad = None
             continue
+        if isinstance(g, jax.core.Tracer) and not state.is_bound(p.__dict__):
+            raise TracerLeakError(UNBOUND_GRAD_HELP.format(shape=tuple(p.shape)))
         g = g.astype(p.dtype) if g.dtype != p.dtype else g
         p.grad = g if fresh or p.grad is None else p.grad + g
 
@@ -142,6 +146,12 @@ def step_closure(closure: Callable[[], Any], params: Sequence[Parameter]) -> Any
     return loss
 
 
+UNBOUND_GRAD_HELP = (
+    "jm.backward inside a traced function (jm.compile, jax.jit) differentiated a Parameter "
+    "of shape {shape} that the function reaches outside its arguments (a global or closure "
+    "variable): its .grad would hold a traced value after the function returns. Pass the "
+    "module (or the Parameter) holding it as an argument of the compiled function."
+)
 STEP_READ_BEFORE_HELP = (
     "The closure given to Optimizer.step() computed with parameters before it called "
     "jm.backward, and the gradients jm.backward found depend on those values. Compute the "

@@ -312,3 +312,17 @@ def test_jax_transform_of_a_module_with_grad_is_pure():
     g = jax.grad(lambda p: jm.func.functional_call(model, p, (jnp.ones((4, 2)),)).sum())(params)
     np.testing.assert_allclose(np.asarray(g["bias"]), [4.0])
     assert model.weight.grad is None
+
+
+def test_backward_in_a_compiled_function_over_a_global_parameter_raises_and_leaks_nothing():
+    w = jm.nn.Parameter(jnp.ones(3))
+
+    def f():
+        return jm.backward(lambda: (w * w).sum())
+
+    for wrap in (jm.compile, jax.jit):
+        with pytest.raises(jm.TracerLeakError, match="outside its arguments"):
+            wrap(f)()
+        assert w.grad is None  # no tracer left behind
+    f()  # eagerly it is fine
+    np.testing.assert_allclose(w.grad, 2 * np.ones(3))
