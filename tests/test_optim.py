@@ -161,6 +161,13 @@ def test_ten_steps_match_torch(name, kwargs):
         ("Adam", {"lr": 0.01, "amsgrad": True}),
         ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}),
         ("Adagrad", {"lr": 0.1, "lr_decay": 0.1}),
+        ("Adadelta", {"lr": 0.5, "weight_decay": 0.1}),
+        ("Adamax", {"lr": 0.01}),
+        ("NAdam", {"lr": 0.01, "momentum_decay": 0.1}),
+        ("RAdam", {"lr": 0.01, "betas": (0.8, 0.9)}),
+        ("Rprop", {"lr": 0.05}),
+        ("ASGD", {"lr": 0.05, "lambd": 0.1, "t0": 2}),
+        ("Adafactor", {"lr": 0.05, "weight_decay": 0.1}),
     ],
 )
 def test_state_dict_interchanges_with_torch(name, kwargs):
@@ -320,7 +327,11 @@ def test_constructor_errors_match_torch(name, kwargs):
         getattr(optim, name)([jm.nn.Parameter(jnp.ones(2))], **kwargs)
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+@pytest.mark.parametrize(
+    "name",
+    ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"]
+    + ["Adadelta", "Adamax", "NAdam", "RAdam", "Rprop", "ASGD", "Adafactor"],
+)
 def test_param_groups_and_repr_match_torch(name):
     kwargs = {"lr": 0.1}
     t = [torch.nn.Parameter(torch.ones(2)) for _ in range(3)]
@@ -591,6 +602,13 @@ def _train_step(model, opt, x, y):
         ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.2}, "onecycle"),
         ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}, "step"),
         ("Adagrad", {"lr": 0.1, "lr_decay": 0.1}, "step"),
+        ("Adadelta", {"lr": 0.5, "weight_decay": 0.1}, "step"),
+        ("Adamax", {"lr": 0.01, "weight_decay": 0.1}, "onecycle"),
+        ("NAdam", {"lr": 0.01, "decoupled_weight_decay": True, "weight_decay": 0.1}, "onecycle"),
+        ("RAdam", {"lr": 0.01, "betas": (0.8, 0.9), "weight_decay": 0.1}, "onecycle"),
+        ("Rprop", {"lr": 0.05, "maximize": True}, "step"),
+        ("ASGD", {"lr": 0.05, "lambd": 0.1, "t0": 2}, "step"),
+        ("Adafactor", {"lr": 0.05, "weight_decay": 0.1}, "step"),
     ],
 )
 def test_compiled_step_matches_eager_and_schedules_never_retrace(name, kwargs, schedule):
