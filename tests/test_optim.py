@@ -329,8 +329,10 @@ def test_constructor_errors_match_torch(name, kwargs):
 
 @pytest.mark.parametrize(
     "name",
-    ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"]
-    + ["Adadelta", "Adamax", "NAdam", "RAdam", "Rprop", "ASGD", "Adafactor"],
+    [
+        *("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"),
+        *("Adadelta", "Adamax", "NAdam", "RAdam", "Rprop", "ASGD", "Adafactor"),
+    ],
 )
 def test_param_groups_and_repr_match_torch(name):
     kwargs = {"lr": 0.1}
