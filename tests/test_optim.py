@@ -49,6 +49,26 @@ CASES = [
     ("Adagrad", {"lr": 0.1, "lr_decay": 0.05}),
     ("Adagrad", {"lr": 0.1, "initial_accumulator_value": 0.3, "eps": 0.1}),
     ("Adagrad", {"lr": 0.1, "weight_decay": 0.1, "maximize": True}),
+    ("Adadelta", {}),
+    ("Adadelta", {"lr": 0.5, "rho": 0.8, "eps": 1e-3, "weight_decay": 0.1, "maximize": True}),
+    ("Adamax", {}),
+    ("Adamax", {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-3, "weight_decay": 0.1}),
+    ("Adamax", {"lr": 0.01, "maximize": True}),
+    ("NAdam", {}),
+    ("NAdam", {"lr": 0.01, "momentum_decay": 0.1, "betas": (0.8, 0.99), "weight_decay": 0.1}),
+    ("NAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True, "maximize": True}),
+    ("RAdam", {}),
+    ("RAdam", {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-3, "weight_decay": 0.1}),
+    ("RAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True, "maximize": True}),
+    ("Rprop", {}),
+    ("Rprop", {"lr": 0.05, "etas": (0.3, 1.5), "step_sizes": (1e-3, 0.1)}),
+    ("Rprop", {"lr": 1e-4, "step_sizes": (1e-3, 1.0), "maximize": True}),
+    ("ASGD", {}),
+    ("ASGD", {"lr": 0.05, "lambd": 0.1, "alpha": 0.5, "t0": 3, "weight_decay": 0.1}),
+    ("ASGD", {"lr": 0.05, "t0": 0, "maximize": True}),
+    ("Adafactor", {}),
+    ("Adafactor", {"lr": 0.1, "beta2_decay": -0.5, "eps": (1e-3, 1e-2), "d": 2.0}),
+    ("Adafactor", {"lr": 0.05, "weight_decay": 0.1, "maximize": True}),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in kw.items()) or 'defaults'}" for name, kw in CASES]
 
@@ -141,6 +161,13 @@ def test_ten_steps_match_torch(name, kwargs):
         ("Adam", {"lr": 0.01, "amsgrad": True}),
         ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}),
         ("Adagrad", {"lr": 0.1, "lr_decay": 0.1}),
+        ("Adadelta", {"lr": 0.5, "weight_decay": 0.1}),
+        ("Adamax", {"lr": 0.01}),
+        ("NAdam", {"lr": 0.01, "momentum_decay": 0.1}),
+        ("RAdam", {"lr": 0.01, "betas": (0.8, 0.9)}),
+        ("Rprop", {"lr": 0.05}),
+        ("ASGD", {"lr": 0.05, "lambd": 0.1, "t0": 2}),
+        ("Adafactor", {"lr": 0.05, "weight_decay": 0.1}),
     ],
 )
 def test_state_dict_interchanges_with_torch(name, kwargs):
@@ -268,6 +295,27 @@ BAD_ARGS = [
     ("RMSprop", {"momentum": -0.1}),
     ("Adagrad", {"lr_decay": -0.1}),
     ("Adagrad", {"initial_accumulator_value": -0.1}),
+    ("Adadelta", {"lr": -1.0}),
+    ("Adadelta", {"rho": 1.5}),
+    ("Adadelta", {"eps": -1.0}),
+    ("Adadelta", {"weight_decay": -1.0}),
+    ("Adamax", {"betas": (0.9, 1.0)}),
+    ("Adamax", {"eps": -1.0}),
+    ("NAdam", {"momentum_decay": -0.1}),
+    ("NAdam", {"betas": (-0.1, 0.999)}),
+    ("RAdam", {"weight_decay": -0.1}),
+    ("RAdam", {"betas": (0.9, 1.0)}),
+    ("Rprop", {"lr": -1.0}),
+    ("Rprop", {"etas": (1.5, 1.2)}),
+    ("Rprop", {"etas": (0.5, 0.9)}),
+    ("ASGD", {"lr": -1.0}),
+    ("ASGD", {"weight_decay": -1.0}),
+    ("Adafactor", {"lr": -1.0}),
+    ("Adafactor", {"beta2_decay": 0.5}),
+    ("Adafactor", {"eps": (-1.0, 1e-3)}),
+    ("Adafactor", {"eps": (None, -1.0)}),
+    ("Adafactor", {"d": 0.5}),
+    ("Adafactor", {"weight_decay": -1.0}),
 ]
 
 
@@ -279,7 +327,13 @@ def test_constructor_errors_match_torch(name, kwargs):
         getattr(optim, name)([jm.nn.Parameter(jnp.ones(2))], **kwargs)
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        *("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"),
+        *("Adadelta", "Adamax", "NAdam", "RAdam", "Rprop", "ASGD", "Adafactor"),
+    ],
+)
 def test_param_groups_and_repr_match_torch(name):
     kwargs = {"lr": 0.1}
     t = [torch.nn.Parameter(torch.ones(2)) for _ in range(3)]
@@ -550,6 +604,13 @@ def _train_step(model, opt, x, y):
         ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.2}, "onecycle"),
         ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}, "step"),
         ("Adagrad", {"lr": 0.1, "lr_decay": 0.1}, "step"),
+        ("Adadelta", {"lr": 0.5, "weight_decay": 0.1}, "step"),
+        ("Adamax", {"lr": 0.01, "weight_decay": 0.1}, "onecycle"),
+        ("NAdam", {"lr": 0.01, "decoupled_weight_decay": True, "weight_decay": 0.1}, "onecycle"),
+        ("RAdam", {"lr": 0.01, "betas": (0.8, 0.9), "weight_decay": 0.1}, "onecycle"),
+        ("Rprop", {"lr": 0.05, "maximize": True}, "step"),
+        ("ASGD", {"lr": 0.05, "lambd": 0.1, "t0": 2}, "step"),
+        ("Adafactor", {"lr": 0.05, "weight_decay": 0.1}, "step"),
     ],
 )
 def test_compiled_step_matches_eager_and_schedules_never_retrace(name, kwargs, schedule):

@@ -9,10 +9,17 @@
 
 from jmodule.optim import lr_scheduler as lr_scheduler
 from jmodule.optim._packed import PackedState as PackedState
+from jmodule.optim.adadelta import Adadelta as Adadelta
+from jmodule.optim.adafactor import Adafactor as Adafactor
 from jmodule.optim.adagrad import Adagrad as Adagrad
 from jmodule.optim.adam import Adam as Adam
 from jmodule.optim.adam import AdamW as AdamW
+from jmodule.optim.adamax import Adamax as Adamax
+from jmodule.optim.asgd import ASGD as ASGD
+from jmodule.optim.nadam import NAdam as NAdam
 from jmodule.optim.optimizer import Optimizer as Optimizer
 from jmodule.optim.optimizer import TorchOptimizer as TorchOptimizer
+from jmodule.optim.radam import RAdam as RAdam
 from jmodule.optim.rmsprop import RMSprop as RMSprop
+from jmodule.optim.rprop import Rprop as Rprop
 from jmodule.optim.sgd import SGD as SGD

@@ -667,6 +667,15 @@ class TorchOptimizer(Optimizer):
             "chain of one parameter (a subclass of TorchOptimizer, such as SGD or Adam, does)"
         )
 
+    def _param_structure(self, group: dict[str, Any], p: Parameter) -> tuple:
+        """The structure of ``p``'s chain: the group's, unless the state's shape depends on ``p``.
+
+        Adafactor's state is factored for a matrix and not for a vector, so its
+        parameters of one group have different structures; such an optimizer
+        extends the group's structure here (and keeps its state unpacked).
+        """
+        return self._structure(group)
+
     def _derive_hidden(self, cfg: dict[str, Any], public: dict[str, Any], hidden: dict) -> None:
         """Set optax leaves PyTorch does not save, after loading ``public`` from a state dict."""
 
@@ -706,7 +715,7 @@ class TorchOptimizer(Optimizer):
 
     def _record(self, group: dict[str, Any], p: Parameter) -> tuple:
         """``p``'s record for ``group``'s current structure (made or remade as needed)."""
-        cfg = self._structure(group)
+        cfg = self._param_structure(group, p)
         rec = self._records.get(p)
         if rec is not None and rec.cfg == cfg:
             return rec
@@ -879,7 +888,16 @@ class TorchOptimizer(Optimizer):
         if not params:
             return
         records = [self._record(group, p) for p in params]
-        cfg = records[0].cfg
+        kinds: dict[tuple, list[int]] = {}  # one kind unless _param_structure tells them apart
+        for k, rec in enumerate(records):
+            kinds.setdefault(rec.cfg, []).append(k)
+        for cfg, ks in kinds.items():
+            self._step_params(hp, cfg, [params[k] for k in ks], [records[k] for k in ks])
+
+    def _step_params(
+        self, hp: Any, cfg: tuple, params: list[Parameter], records: list[Record]
+    ) -> None:
+        """One step of unpacked parameters of one structure ``cfg``."""
         treedef, layout = self._layouts[cfg]
         names = [n for n, _, _ in self._hyper]
 
@@ -1079,7 +1097,7 @@ class TorchOptimizer(Optimizer):
             if p is None:
                 problems.append(f"state for parameter {k!r}, which no param group lists")
                 continue
-            cfg = self._structure(group_of[id(p)])
+            cfg = self._param_structure(group_of[id(p)], p)
             public, hidden = self._fresh(cfg, _state.peek(p))
             if len(saved) == 0:  # torch's defaultdict leaves empty entries behind
                 continue

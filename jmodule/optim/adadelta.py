@@ -1,0 +1,116 @@
+"""``Adadelta``: PyTorch's Adadelta, as an optax chain.
+
+PyTorch, per parameter::
+
+    g = -grad if maximize else grad;  g = g + weight_decay * param
+    square_avg = rho * square_avg + (1 - rho) * g**2
+    delta = sqrt(acc_delta + eps) / sqrt(square_avg + eps) * g
+    acc_delta = rho * acc_delta + (1 - rho) * delta**2
+    param -= lr * delta
+
+``optax.scale_by_adadelta`` is this arithmetic exactly (its ``e_g`` is
+``square_avg``, its ``e_x`` is ``acc_delta``); around it ``scale(-1)``
+(maximize), ``add_decayed_weights`` (L2 weight decay) and
+``scale_by_learning_rate``. optax's ``adadelta`` keeps no step count, so
+PyTorch's ``step`` comes from :func:`~jmodule.optim.rmsprop.count_steps`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+from jmodule.optim.optimizer import ParamsT, TorchOptimizer
+from jmodule.optim.rmsprop import count_steps
+
+__all__ = ["Adadelta"]
+
+
+class Adadelta(TorchOptimizer):
+    """Adadelta (``torch.optim.Adadelta``).
+
+    Args:
+        params: Parameters, ``(name, Parameter)`` pairs, or param-group dicts.
+        lr: scale applied to the delta before it is added to the parameter.
+        rho: decay rate of the running averages of squared gradients and deltas.
+        eps: added inside both square roots.
+        weight_decay: L2 penalty added to the gradient.
+        foreach: accepted for PyTorch compatibility (XLA fuses the update).
+        capturable: accepted for PyTorch compatibility.
+        maximize: maximise the objective instead of minimising it.
+        differentiable: must be False.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule as jm
+    >>> w = jm.nn.Parameter(jnp.zeros(2))
+    >>> opt = jm.optim.Adadelta([w], lr=1.0, eps=1e-2)
+    >>> w.grad = jnp.ones(2)
+    >>> opt.step()
+    >>> [round(v, 4) for v in w.data.tolist()]  # -sqrt(eps) / sqrt(0.1 + eps) on step one
+    [-0.3015, -0.3015]
+    """
+
+    _hyper = (
+        ("lr", "lr", None),
+        ("rho", "rho", None),
+        ("eps", "eps", None),
+        ("weight_decay", "weight_decay", None),
+    )
+    _state_names = {
+        ("step", "count"): "step",
+        ("adadelta", "e_g"): "square_avg",
+        ("adadelta", "e_x"): "acc_delta",
+    }
+    _state_order = ("step", "square_avg", "acc_delta")
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        rho: float = 0.9,
+        eps: float = 1e-6,
+        weight_decay: float = 0,
+        foreach: bool | None = None,
+        *,
+        capturable: bool = False,
+        maximize: bool = False,
+        differentiable: bool = False,
+    ):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= rho <= 1.0:
+            raise ValueError(f"Invalid rho value: {rho}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = {
+            "lr": lr,
+            "rho": rho,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "maximize": maximize,
+            "capturable": capturable,
+            "foreach": foreach,
+            "differentiable": differentiable,
+        }
+        super().__init__(params, defaults)
+
+    def _structure(self, group: dict[str, Any]) -> tuple:
+        return (
+            ("maximize", bool(group["maximize"])),
+            ("decay", group["weight_decay"] != 0),
+        )
+
+    def _transformation(
+        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+    ) -> optax.GradientTransformation:
+        chain = [("step", count_steps())]
+        if cfg["maximize"]:
+            chain.append(("maximize", optax.scale(-1.0)))
+        if cfg["decay"]:
+            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
+        chain.append(("adadelta", optax.scale_by_adadelta(hp["rho"], hp["eps"])))
+        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
+        return optax.named_chain(*chain)
