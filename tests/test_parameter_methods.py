@@ -407,3 +407,84 @@ def test_counting_parameters_of_a_meta_model_matches_torch():
     assert w.zero_() is w and w.normal_() is w  # in place on meta: nothing to fill
     with pytest.raises(RuntimeError, match="meta device"):
         w.view(-1)
+
+
+# Methods whose NumPy namesake on jax.Array means something else: on a Parameter
+# they are PyTorch's. Each call runs on a torch tensor and a Parameter alike.
+TORCH_MEANING_CALLS = [
+    ("std", (), {}),
+    ("std", (1,), {"keepdim": True}),
+    ("var", (0,), {"correction": 0}),
+    ("max", (), {}),
+    ("max", (1,), {}),
+    ("min", (0,), {"keepdim": True}),
+    ("sum", (), {"axis": 0}),
+    ("sum", (1,), {"keepdim": True}),
+    ("mean", (), {"dim": (0, 1)}),
+    ("prod", (1,), {}),
+    ("argmax", (1,), {"keepdim": True}),
+    ("argmin", (), {}),
+    ("amax", (0,), {}),
+    ("amin", ((0, 1),), {}),
+    ("split", (2,), {"dim": 1}),
+    ("split", ([1, 3],), {"dim": 1}),
+    ("chunk", (2, 1), {}),
+    ("repeat", (2, 1, 3), {}),
+    ("expand", (2, -1, -1), {}),
+    ("flatten", (), {}),
+    ("squeeze", (), {}),
+    ("unsqueeze", (1,), {}),
+    ("flip", (0,), {}),
+    ("roll", (1, 1), {}),
+    ("cumsum", (1,), {}),
+    ("cumprod", (0,), {}),
+    ("softmax", (1,), {}),
+    ("log_softmax", (0,), {}),
+    ("sort", (1,), {"descending": True}),
+    ("argsort", (0,), {}),
+    ("topk", (2,), {}),
+    ("clamp", (-0.5, 0.5), {}),
+    ("clip", (), {"min": 0.0}),
+    ("logsumexp", (1,), {}),
+    ("narrow", (1, 1, 2), {}),
+    ("unbind", (0,), {}),
+    ("movedim", (0, 1), {}),
+    ("round", (), {"decimals": 1}),
+    ("all", (), {}),
+    ("any", (1,), {}),
+]
+
+
+def _as_np(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().numpy()
+    return np.asarray(x)
+
+
+@pytest.mark.parametrize(
+    "name, args, kwargs",
+    TORCH_MEANING_CALLS,
+    ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(TORCH_MEANING_CALLS)],
+)
+def test_numpy_namesakes_have_torch_meaning_on_a_parameter(name, args, kwargs):
+    a = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
+    t, p = torch.tensor(a), jm.nn.Parameter(jnp.asarray(a))
+    want, got = getattr(t, name)(*args, **kwargs), getattr(p, name)(*args, **kwargs)
+    if isinstance(want, tuple):  # split/chunk/unbind, or (values, indices)
+        assert len(got) == len(want)
+        if hasattr(want, "_fields") or type(want).__name__ in {"max", "min", "sort", "topk"}:
+            assert got.values.shape == tuple(want.values.shape)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(_as_np(g), _as_np(w), rtol=1e-5, atol=1e-6)
+    else:
+        assert tuple(np.shape(got)) == tuple(want.shape)
+        np.testing.assert_allclose(_as_np(got), _as_np(want), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_meaning_methods_are_seen_by_gradients():
+    a = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    t = torch.tensor(a, requires_grad=True)
+    (t.std(1).sum() + t.max(1).values.sum() + t.split(2, dim=1)[1].sum()).backward()
+    p = jm.nn.Parameter(jnp.asarray(a))
+    jm.backward(lambda: p.std(1).sum() + p.max(1).values.sum() + p.split(2, dim=1)[1].sum())
+    np.testing.assert_allclose(p.grad, t.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -396,6 +396,72 @@ class _TensorMethods(Cell):
         return init.uniform_(self, a, b, generator=generator)
 
 
+#: ``torch.Tensor`` methods whose NumPy namesake on ``jax.Array`` means something
+#: else (``std`` biased, ``max(1)`` values only, ``split`` by count, ``repeat`` as
+#: ``repeat_interleave``, ``keepdims``/``axis`` names, ...): on a Parameter they are
+#: the ``jm`` torch function of the same name, with the parameter as ``input``.
+TORCH_MEANING = (
+    "all any amax amin argmax argmin argsort chunk clamp clip cumprod cumsum flatten flip "
+    "gather index_select log_softmax logsumexp masked_fill max mean min movedim narrow prod "
+    "roll round softmax sort split squeeze std sum topk unbind unsqueeze var"
+).split()
+
+
+def _torch_method(name: str) -> Any:
+    def method(self: _TensorMethods, *args: Any, **kwargs: Any) -> Any:
+        from jmodule import _tfn
+
+        fn = getattr(_tfn, name, None) or _tfn.BUILTIN_NAMED[name]
+        for alias, torch_name in (("axis", "dim"), ("keepdims", "keepdim")):
+            if alias in kwargs:  # the NumPy spellings torch accepts too
+                kwargs[torch_name] = kwargs.pop(alias)
+        return fn(self._read(), *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"``torch.Tensor.{name}``: ``jm.{name}(self, ...)``, PyTorch's meaning."
+    return method
+
+
+for _name in TORCH_MEANING:
+    setattr(_TensorMethods, _name, _torch_method(_name))
+
+
+def _sizes(sizes: tuple) -> tuple[int, ...]:
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    return tuple(int(n) for n in sizes)
+
+
+def _repeat(self: _TensorMethods, *sizes: Any) -> jax.Array:
+    """``torch.Tensor.repeat``: tile the value ``sizes`` times (NumPy's ``repeat`` differs)."""
+    sizes = _sizes(sizes)
+    x = self._read()
+    if len(sizes) < x.ndim:
+        raise RuntimeError(
+            "Number of dimensions of repeat dims can not be smaller than number of dimensions "
+            "of tensor"
+        )
+    return jnp.tile(x.reshape((1,) * (len(sizes) - x.ndim) + x.shape), sizes)
+
+
+def _expand(self: _TensorMethods, *sizes: Any) -> jax.Array:
+    """``torch.Tensor.expand``: broadcast to ``sizes`` (``-1`` keeps a dimension)."""
+    sizes = _sizes(sizes)
+    x = self._read()
+    lead = len(sizes) - x.ndim
+    if lead < 0:
+        raise RuntimeError(
+            f"expand: the number of sizes provided ({len(sizes)}) must be greater or equal to "
+            f"the number of dimensions in the tensor ({x.ndim})"
+        )
+    shape = tuple(x.shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(sizes))
+    return jnp.broadcast_to(x, shape)
+
+
+_TensorMethods.repeat = _repeat
+_TensorMethods.expand = _expand
+
+
 def _differentiable(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
