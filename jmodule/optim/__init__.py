@@ -12,7 +12,9 @@ from jmodule.optim._packed import PackedState as PackedState
 from jmodule.optim.adagrad import Adagrad as Adagrad
 from jmodule.optim.adam import Adam as Adam
 from jmodule.optim.adam import AdamW as AdamW
+from jmodule.optim.muon import Muon as Muon
 from jmodule.optim.optimizer import Optimizer as Optimizer
 from jmodule.optim.optimizer import TorchOptimizer as TorchOptimizer
 from jmodule.optim.rmsprop import RMSprop as RMSprop
 from jmodule.optim.sgd import SGD as SGD
+from jmodule.optim.sparse_adam import SparseAdam as SparseAdam
