@@ -8,6 +8,7 @@
 """
 
 from jmodule.optim import lr_scheduler as lr_scheduler
+from jmodule.optim import swa_utils as swa_utils
 from jmodule.optim._packed import PackedState as PackedState
 from jmodule.optim.adagrad import Adagrad as Adagrad
 from jmodule.optim.adam import Adam as Adam

@@ -13,8 +13,9 @@ with ``ratio = sqrt(max(1, A / B))`` (``adjust_lr_fn=None`` or
 
 ``NS`` is ``ns_steps`` quintic Newton-Schulz iterations run in bfloat16
 (whatever the parameter's dtype): ``X = u / max(||u||_F, eps)`` (the norm
-summed in float32; ``X`` transposed when ``A > B``), then ``G = X X^T; X = a X + (b G + c G G) X``, each product
-accumulated in float32 and rounded to bfloat16, the coefficients float32.
+summed in float32; ``X`` transposed when ``A > B``), then
+``G = X X^T; X = a X + (b G + c G G) X``, each product accumulated in
+float32 and rounded to bfloat16, the coefficients float32.
 
 optax pieces: ``optax.ema(momentum, debias=False)`` is the buffer (PyTorch's
 ``momentum_buffer``), ``add_decayed_weights`` and ``scale_by_learning_rate``
