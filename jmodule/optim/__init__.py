@@ -13,6 +13,7 @@ from jmodule.optim._packed import PackedState as PackedState
 from jmodule.optim.adagrad import Adagrad as Adagrad
 from jmodule.optim.adam import Adam as Adam
 from jmodule.optim.adam import AdamW as AdamW
+from jmodule.optim.lbfgs import LBFGS as LBFGS
 from jmodule.optim.muon import Muon as Muon
 from jmodule.optim.optimizer import Optimizer as Optimizer
 from jmodule.optim.optimizer import TorchOptimizer as TorchOptimizer
