@@ -206,6 +206,7 @@ def _mlp_loss(model, x, y):
 
 
 def test_muon_float64_training_matches_torch_eager_and_compiled():
+    """With CyclicLR cycling lr and momentum (and so ``1 - momentum``) every step."""
     with jax.enable_x64(True):
         torch.manual_seed(2)
         tm = _mlp(torch.nn).double()
@@ -215,7 +216,11 @@ def test_muon_float64_training_matches_torch_eager_and_compiled():
         kwargs = {"lr": 0.05, "weight_decay": 0.05}
         topt = torch.optim.Muon(tm.parameters(), **kwargs)
         jopts = [optim.Muon(m.parameters(), **kwargs) for m in (eager, compiled)]
+        cyclic = {"base_lr": 0.01, "max_lr": 0.05, "step_size_up": 3, "base_momentum": 0.8}
+        scheds = [torch.optim.lr_scheduler.CyclicLR(topt, **cyclic)]
+        scheds += [optim.lr_scheduler.CyclicLR(o, **cyclic) for o in jopts]
         rng = np.random.default_rng(3)
+        traces = []
         for _ in range(10):
             x, y = rng.standard_normal((6, 4)), rng.standard_normal((6, 3))
             tl = _torch_step(tm, topt, _mlp_loss, torch.tensor(x), torch.tensor(y))
@@ -224,6 +229,10 @@ def test_muon_float64_training_matches_torch_eager_and_compiled():
             for loss in (el, cl):
                 assert loss.dtype == jnp.float64
                 _close(loss, tl, 1e-10)
+            for s in scheds:
+                s.step()
+            traces.append(jm.compile_stats(_compiled_mlp_step).num_traces)
+        assert traces[2:] == [traces[1]] * 8  # lr and momentum changes never retrace
         for m, o in zip((eager, compiled), jopts):
             for (name, t), j in zip(tm.named_parameters(), m.parameters()):
                 _close(j.data, t, 1e-10)
