@@ -75,6 +75,37 @@ CASES = {
     "ChainedScheduler": lambda o, ns: ns.ChainedScheduler(
         [ns.ConstantLR(o, factor=0.5, total_iters=3), ns.ExponentialLR(o, gamma=0.9)]
     ),
+    "CosineAnnealingWarmRestarts": lambda o, ns: ns.CosineAnnealingWarmRestarts(
+        o, T_0=3, eta_min=0.01
+    ),
+    "CosineAnnealingWarmRestarts-T_mult": lambda o, ns: ns.CosineAnnealingWarmRestarts(
+        o, T_0=2, T_mult=2
+    ),
+    "CyclicLR-triangular": lambda o, ns: ns.CyclicLR(
+        o, base_lr=[0.01, 0.02], max_lr=0.1, step_size_up=3, step_size_down=5
+    ),
+    "CyclicLR-triangular2": lambda o, ns: ns.CyclicLR(
+        o, base_lr=0.01, max_lr=[0.1, 0.2], step_size_up=2, mode="triangular2"
+    ),
+    "CyclicLR-exp_range": lambda o, ns: ns.CyclicLR(
+        o,
+        base_lr=0.01,
+        max_lr=0.1,
+        step_size_up=4,
+        mode="exp_range",
+        gamma=0.9,
+        base_momentum=0.7,
+        max_momentum=[0.95, 0.9],
+    ),
+    "CyclicLR-scale_fn": lambda o, ns: ns.CyclicLR(
+        o,
+        base_lr=0.01,
+        max_lr=0.1,
+        step_size_up=3,
+        scale_fn=_Warmup(3),
+        scale_mode="iterations",
+        cycle_momentum=False,
+    ),
 }
 
 
@@ -224,3 +255,81 @@ def test_lr_changes_reach_a_compiled_step_without_retracing():
         traces.append(jm.compile_stats(step).num_traces)
     assert traces[2:] == [traces[1]] * 4  # (the 2nd call retraces once: .grad None -> array)
     assert math.isclose(sched.get_last_lr()[0], opt.param_groups[0]["lr"])
+
+
+@pytest.mark.parametrize("T_mult", [1, 2])
+def test_warm_restarts_with_fractional_epochs_match_torch(T_mult):
+    topt, jopt = _pair()
+    tsched = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(topt, T_0=2, T_mult=T_mult)
+    jsched = optim.lr_scheduler.CosineAnnealingWarmRestarts(jopt, T_0=2, T_mult=T_mult)
+    for epoch in range(7):
+        for i in range(4):  # per batch, as torch's docs show
+            for o, s in ((topt, tsched), (jopt, jsched)):
+                o.step()
+                s.step(epoch + i / 4)
+            assert jsched.get_last_lr() == tsched.get_last_lr()
+            assert (jsched.T_cur, jsched.T_i, jsched.last_epoch) == (
+                tsched.T_cur,
+                tsched.T_i,
+                tsched.last_epoch,
+            )
+    for s in (tsched, jsched):  # back to an earlier epoch, then plain steps
+        s.step(1.5)
+        s.step()
+    assert jsched.get_last_lr() == tsched.get_last_lr()
+    assert sorted(jsched.state_dict()) == sorted(tsched.state_dict())
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_cyclic_state_dict_resumes_and_keeps_a_callable_scale_object(name):
+    kwargs = {"momentum": 0.9} if name == "SGD" else {}
+    build = lambda o: optim.lr_scheduler.CyclicLR(
+        o, base_lr=0.01, max_lr=0.1, step_size_up=3, scale_fn=_Warmup(5)
+    )
+    (_, jopt), (topt, jopt2) = _pair(name, **kwargs), _pair(name, **kwargs)
+    sched = build(jopt)
+    for _ in range(4):
+        jopt.step()
+        sched.step()
+    saved = sched.state_dict()
+    assert saved["_scale_fn_custom"] == {"n": 5}
+    tsched = torch.optim.lr_scheduler.CyclicLR(
+        topt, base_lr=0.01, max_lr=0.1, step_size_up=3, scale_fn=_Warmup(5)
+    )
+    assert sorted(saved) == sorted(tsched.state_dict())
+    sched2 = build(jopt2)
+    sched2._scale_fn_custom.n = 1
+    sched2.load_state_dict(copy.deepcopy(saved))
+    assert sched2._scale_fn_custom.n == 5
+    jopt2.load_state_dict(jopt.state_dict())
+    for _ in range(5):
+        for o, s in ((jopt, sched), (jopt2, sched2)):
+            o.step()
+            s.step()
+        assert sched2.get_last_lr() == sched.get_last_lr()
+        assert _momenta(jopt2) == _momenta(jopt)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda o, ns: ns.CosineAnnealingWarmRestarts(o, T_0=0),
+        lambda o, ns: ns.CosineAnnealingWarmRestarts(o, T_0=2.0),
+        lambda o, ns: ns.CosineAnnealingWarmRestarts(o, T_0=2, T_mult=0),
+        lambda o, ns: ns.CosineAnnealingWarmRestarts(o, T_0=2, eta_min="0"),
+        lambda o, ns: ns.CosineAnnealingWarmRestarts(o, T_0=2).step(-1),
+        lambda o, ns: ns.CyclicLR(o, base_lr=0.1, max_lr=1.0, mode="square"),
+        lambda o, ns: ns.CyclicLR(o, base_lr=[0.1], max_lr=1.0),
+        lambda o, ns: ns.CyclicLR(o, base_lr=0.1, max_lr=1.0),  # SGD without momentum: fine
+        lambda o, ns: ns.CyclicLR(o, base_lr=0.1, max_lr=1.0, cycle_momentum=True, last_epoch=3),
+    ],
+)
+def test_new_scheduler_errors_match_torch(build):
+    topt, jopt = _pair()
+    try:
+        build(topt, torch.optim.lr_scheduler)
+    except Exception as expected:
+        with pytest.raises(type(expected), match=re.escape(str(expected)[:60])):
+            build(jopt, optim.lr_scheduler)
+    else:
+        build(jopt, optim.lr_scheduler)

@@ -8,6 +8,7 @@
 """
 
 from jmodule.optim import lr_scheduler as lr_scheduler
+from jmodule.optim import swa_utils as swa_utils
 from jmodule.optim._packed import PackedState as PackedState
 from jmodule.optim.adadelta import Adadelta as Adadelta
 from jmodule.optim.adafactor import Adafactor as Adafactor
@@ -16,6 +17,8 @@ from jmodule.optim.adam import Adam as Adam
 from jmodule.optim.adam import AdamW as AdamW
 from jmodule.optim.adamax import Adamax as Adamax
 from jmodule.optim.asgd import ASGD as ASGD
+from jmodule.optim.lbfgs import LBFGS as LBFGS
+from jmodule.optim.muon import Muon as Muon
 from jmodule.optim.nadam import NAdam as NAdam
 from jmodule.optim.optimizer import Optimizer as Optimizer
 from jmodule.optim.optimizer import TorchOptimizer as TorchOptimizer
@@ -23,3 +26,4 @@ from jmodule.optim.radam import RAdam as RAdam
 from jmodule.optim.rmsprop import RMSprop as RMSprop
 from jmodule.optim.rprop import Rprop as Rprop
 from jmodule.optim.sgd import SGD as SGD
+from jmodule.optim.sparse_adam import SparseAdam as SparseAdam

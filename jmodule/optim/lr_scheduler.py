@@ -22,6 +22,7 @@ the compiled function.
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import warnings
@@ -36,6 +37,8 @@ __all__ = [
     "ChainedScheduler",
     "ConstantLR",
     "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
+    "CyclicLR",
     "ExponentialLR",
     "LRScheduler",
     "LambdaLR",
@@ -912,3 +915,271 @@ class OneCycleLR(LRScheduler):
             if self.cycle_momentum:
                 self._set_momentum(group, momentum)
         return lrs
+
+
+class CyclicLR(LRScheduler):
+    """Cycle the rate between ``base_lr`` and ``max_lr`` (cyclical learning rates), per batch.
+
+    ``mode`` is ``"triangular"`` (a constant amplitude), ``"triangular2"``
+    (halved each cycle) or ``"exp_range"`` (scaled by ``gamma**iteration``),
+    or give ``scale_fn`` (of the cycle number, or of the iteration with
+    ``scale_mode="iterations"``). With ``cycle_momentum`` the momentum (or
+    ``betas[0]``) cycles inversely between ``max_momentum`` and
+    ``base_momentum``. PyTorch's arithmetic, so the sequences agree exactly.
+
+    Args:
+        optimizer: the optimizer.
+        base_lr: the lower rate (or one per group); set on construction.
+        max_lr: the upper rate (or one per group).
+        step_size_up: iterations in the increasing half of a cycle.
+        step_size_down: iterations in the decreasing half (default:
+            ``step_size_up``).
+        mode: ``"triangular"``, ``"triangular2"`` or ``"exp_range"``.
+        gamma: the base of ``exp_range``'s scaling.
+        scale_fn: a custom amplitude scaling (overrides ``mode``).
+        scale_mode: ``"cycle"`` or ``"iterations"``: what ``scale_fn`` takes.
+        cycle_momentum: cycle momentum / ``betas[0]`` too.
+        base_momentum: the lower momentum (or one per group).
+        max_momentum: the upper momentum (or one per group).
+        last_epoch: see :class:`LRScheduler`.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule as jm
+    >>> opt = jm.optim.SGD([jm.nn.Parameter(jnp.ones(1))], lr=1.0, momentum=0.9)
+    >>> sched = jm.optim.lr_scheduler.CyclicLR(opt, base_lr=0.1, max_lr=0.5, step_size_up=2)
+    >>> lrs = []
+    >>> for _ in range(4):
+    ...     opt.step()
+    ...     sched.step()
+    ...     lrs.append(round(sched.get_last_lr()[0], 4))
+    >>> lrs
+    [0.3, 0.5, 0.3, 0.1]
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        base_lr: float | list[float],
+        max_lr: float | list[float],
+        step_size_up: int = 2000,
+        step_size_down: int | None = None,
+        mode: Literal["triangular", "triangular2", "exp_range"] = "triangular",
+        gamma: float = 1.0,
+        scale_fn: Callable[[float], float] | None = None,
+        scale_mode: Literal["cycle", "iterations"] = "cycle",
+        cycle_momentum: bool = True,
+        base_momentum: float | list[float] = 0.8,
+        max_momentum: float | list[float] = 0.9,
+        last_epoch: int = -1,
+    ):
+        _check_optimizer(optimizer)
+        self.optimizer = optimizer
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        if mode not in ["triangular", "triangular2", "exp_range"] and scale_fn is None:
+            raise ValueError("mode is invalid and scale_fn is None")
+        self.mode = mode
+        self.gamma = gamma
+        self._scale_fn_custom = scale_fn
+        self.scale_mode = scale_mode
+        self._init_scale_fn()
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError(
+                    "optimizer must support momentum or beta1 with `cycle_momentum` option enabled"
+                )
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for high, low, group in zip(
+                    self.max_momentums, self.base_momentums, optimizer.param_groups
+                ):
+                    self._set_momentum(group, high)
+                    group["max_momentum"] = high
+                    group["base_momentum"] = low
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _init_scale_fn(self) -> None:
+        if self._scale_fn_custom is not None:
+            return
+        if self.mode == "triangular":
+            self._scale_fn_ref = self._triangular_scale_fn
+            self.scale_mode = "cycle"
+        elif self.mode == "triangular2":
+            self._scale_fn_ref = self._triangular2_scale_fn
+            self.scale_mode = "cycle"
+        elif self.mode == "exp_range":
+            self._scale_fn_ref = functools.partial(self._exp_range_scale_fn, self.gamma)
+            self.scale_mode = "iterations"
+
+    def scale_fn(self, x: float) -> float:
+        """The amplitude's scaling at cycle (or iteration) ``x``."""
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        return self._scale_fn_ref(x)
+
+    @staticmethod
+    def _triangular_scale_fn(x: float) -> float:
+        return 1.0
+
+    @staticmethod
+    def _triangular2_scale_fn(x: float) -> float:
+        return 1 / (2.0 ** (x - 1))
+
+    @staticmethod
+    def _exp_range_scale_fn(gamma: float, x: float) -> float:
+        return gamma**x
+
+    def get_lr(self) -> list[float]:
+        self._warn_outside_step()
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        if x <= self.step_ratio:
+            scale_factor = x / self.step_ratio
+        else:
+            scale_factor = (x - 1) / (self.step_ratio - 1)
+        at = cycle if self.scale_mode == "cycle" else self.last_epoch
+        lrs = [
+            base + (high - base) * scale_factor * self.scale_fn(at)
+            for base, high in zip(self.base_lrs, self.max_lrs)
+        ]
+        if self.cycle_momentum:
+            for group, low, high in zip(
+                self.optimizer.param_groups, self.base_momentums, self.max_momentums
+            ):
+                self._set_momentum(group, high - (high - low) * scale_factor * self.scale_fn(at))
+        return lrs
+
+    def state_dict(self) -> dict[str, Any]:
+        """As the base, without the scale function (a callable object's ``__dict__`` kept)."""
+        state = super().state_dict()
+        state.pop("_scale_fn_ref", None)
+        fn = state.pop("_scale_fn_custom")
+        state["_scale_fn_custom"] = None
+        if fn is not None and not isinstance(fn, types.FunctionType):
+            state["_scale_fn_custom"] = fn.__dict__.copy()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`."""
+        state_dict = dict(state_dict)
+        fn = state_dict.pop("_scale_fn_custom")
+        super().load_state_dict(state_dict)
+        if fn is not None:
+            self._scale_fn_custom.__dict__.update(fn)
+        self._init_scale_fn()
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing with warm restarts (SGDR): restart every ``T_i`` epochs.
+
+    The first period is ``T_0`` epochs, each next one ``T_mult`` times
+    longer. ``step(epoch)`` takes a fractional epoch (e.g. ``epoch + i /
+    iters``) to anneal per batch, as in PyTorch.
+
+    Args:
+        optimizer: the optimizer.
+        T_0: epochs in the first period (a positive int).
+        T_mult: growth of the period after each restart (an int >= 1).
+        eta_min: the lowest rate.
+        last_epoch: see :class:`LRScheduler`.
+
+    >>> import jax.numpy as jnp
+    >>> import jmodule as jm
+    >>> opt = jm.optim.SGD([jm.nn.Parameter(jnp.ones(1))], lr=1.0)
+    >>> sched = jm.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=2)
+    >>> lrs = []
+    >>> for _ in range(4):
+    ...     opt.step()
+    ...     sched.step()
+    ...     lrs.append(round(sched.get_last_lr()[0], 4))
+    >>> lrs
+    [0.5, 1.0, 0.5, 1.0]
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        T_0: int,
+        T_mult: int = 1,
+        eta_min: float = 0.0,
+        last_epoch: int = -1,
+    ):
+        if T_0 <= 0 or not isinstance(T_0, int):
+            raise ValueError(f"Expected positive integer T_0, but got {T_0}")
+        if T_mult < 1 or not isinstance(T_mult, int):
+            raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
+        if not isinstance(eta_min, (float, int)):
+            raise ValueError(
+                f"Expected float or int eta_min, but got {eta_min} of type {type(eta_min)}"
+            )
+        self.T_0 = T_0
+        self.T_i = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        self._warn_outside_step()
+        return [
+            self.eta_min
+            + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+            for base in self.base_lrs
+        ]
+
+    def step(self, epoch: float | None = None) -> None:  # type: ignore[override]
+        """Advance one epoch, or go to ``epoch`` (which may be fractional).
+
+        Args:
+            epoch: the (possibly fractional) epoch to set; None advances by one.
+
+        Raises:
+            ValueError: a negative ``epoch``.
+        """
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur = self.T_cur % self.T_i
+                self.T_i = self.T_i * self.T_mult
+        else:
+            if epoch < 0:
+                raise ValueError(f"Expected non-negative epoch, but got {epoch}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:
+                    n = int(math.log((epoch / self.T_0 * (self.T_mult - 1) + 1), self.T_mult))
+                    self.T_cur = epoch - self.T_0 * (self.T_mult**n - 1) / (self.T_mult - 1)
+                    self.T_i = self.T_0 * self.T_mult ** (n)
+            else:
+                self.T_i = self.T_0
+                self.T_cur = epoch
+        self.last_epoch = math.floor(epoch)
+        self._get_lr_called_within_step = True
+        try:
+            values = self.get_lr()
+        finally:
+            self._get_lr_called_within_step = False
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = _lrs(self.optimizer)
