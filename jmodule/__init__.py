@@ -10,6 +10,7 @@
 
 from jmodule import _device
 from jmodule import _hints as _hints
+from jmodule import amp as amp
 from jmodule import checkpoint as checkpoint
 from jmodule import distributed as distributed
 from jmodule import func as func
@@ -47,6 +48,7 @@ from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile_stats as compile_stats
 from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
 from jmodule._version import __version__ as __version__
+from jmodule.amp import autocast as autocast
 from jmodule.autograd import backward as backward
 from jmodule.autograd import grad as grad
 from jmodule.autograd import no_grad as no_grad
