@@ -11,6 +11,7 @@ against the dispatcher's ``AutocastCUDA`` kernels.
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import warnings
@@ -506,7 +507,7 @@ def test_grad_scaler_sequence_matches_torch(opt_name, clip, compiled):
         want, want_sd, want_opt = _torch_run(opt_name, clip)
         got, got_sd, got_opt, fn = _jm_run(opt_name, clip, compiled)
     scales = [8.0] + [s for _, s, _ in want]
-    moves = [b / a for a, b in zip(scales, scales[1:])]
+    moves = [b / a for a, b in itertools.pairwise(scales)]
     assert 0.5 in moves and 2.0 in moves  # the run backs off and grows
     for step, ((w_t, s_t, g_t), (w_j, s_j, g_j)) in enumerate(zip(want, got)):
         np.testing.assert_allclose(w_j, w_t, rtol=1e-10, atol=1e-12, err_msg=f"step {step}")
