@@ -189,6 +189,7 @@ def jm_loop(start, scaled):
     sched = jm.optim.lr_scheduler.LambdaLR(opt, lambda it: get_lr(it) / LR)
     scaler = jm.amp.GradScaler("cpu", enabled=scaled)
     pos = jnp.arange(BLOCK)
+    traced_dtypes = []  # the logits' dtype, seen when the step is traced
 
     @jm.compile
     def train_step(model, opt, scaler, xs, ys):
@@ -198,27 +199,27 @@ def jm_loop(start, scaled):
 
                 def closure(micro=micro):
                     logits, loss = model(xs[micro], pos, ys[micro])
-                    return scaler.scale(loss / ACCUM)
+                    traced_dtypes.append(logits.dtype)
+                    return loss / ACCUM
 
-                scaled_loss = jm.backward(closure)
-                logits, _ = model(xs[micro], pos, ys[micro])
-            total = total + scaled_loss / (scaler._store["scale"] if scaled else 1.0)
+                total = total + jm.backward(lambda: scaler.scale(closure()))
         scaler.unscale_(opt)
         jm.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
-        return total, logits
+        return total
 
     xs, ys = _data()
     losses = []
     for step in range(STEPS):
-        total, logits = train_step(
+        scale = scaler.get_scale()
+        total = train_step(
             model, opt, scaler, jnp.asarray(xs[step], jnp.int32), jnp.asarray(ys[step], jnp.int32)
         )
         sched.step()
-        losses.append(float(total))
-    assert logits.dtype == jnp.bfloat16  # the program ran under autocast
+        losses.append(float(total) / scale)  # the scaled loss, as the loop sees it
+    assert traced_dtypes == [jnp.bfloat16] * ACCUM  # the program ran under autocast
     assert jm.compile_stats(train_step).num_traces == 1  # the schedule never recompiles
     weights = {k: np.asarray(v, np.float32) for k, v in model.state_dict().items()}
     return np.array(losses), weights

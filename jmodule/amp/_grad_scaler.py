@@ -449,6 +449,14 @@ class GradScaler:
         self._init_growth_tracker = int(state_dict["_growth_tracker"])
         self._store["growth_tracker"] = jnp.full((), state_dict["_growth_tracker"], jnp.int32)
 
+    def __getstate__(self) -> dict[str, Any]:
+        if self._enabled and self._per_optimizer_states:
+            raise AssertionError(
+                "A GradScaler instance may only be pickled at the beginning "
+                "of an iteration, or at the end after scaler.update()."
+            )
+        return {**_state.without_private(self.__dict__), "_desc": None, "_desc_key": None}
+
     def __repr__(self) -> str:
         if not self._enabled:
             return f"GradScaler(device={self._device!r}, enabled=False)"
