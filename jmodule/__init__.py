@@ -11,6 +11,7 @@
 from jmodule import _device
 from jmodule import _einops as _einops
 from jmodule import _hints as _hints
+from jmodule import amp as amp
 from jmodule import checkpoint as checkpoint
 from jmodule import distributed as distributed
 from jmodule import func as func
@@ -53,6 +54,7 @@ from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
 from jmodule._tfn import *  # noqa: F403  (the torch.* functions; list in jmodule/_tfn)
 from jmodule._tfn import BUILTIN_NAMED as _TORCH_BUILTIN_NAMED
 from jmodule._version import __version__ as __version__
+from jmodule.amp import autocast as autocast
 from jmodule.autograd import backward as backward
 from jmodule.autograd import enable_grad as enable_grad
 from jmodule.autograd import grad as grad

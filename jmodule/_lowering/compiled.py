@@ -236,8 +236,10 @@ class CompiledForward:
 
     def _refresh(self) -> Plan:
         desc = structure.describe(self.module)
-        key = (desc.key, _hooks.global_hook_key())
+        autocast = state.local.autocast
+        key = (desc.key, _hooks.global_hook_key(), autocast)
         plan = _plan_for(key, (self.module,), (desc,), with_grads=False)
+        plan.autocast = autocast
         self.program.jitted(plan)
         self._plan = plan
         self._version = desc.version
@@ -252,6 +254,7 @@ class CompiledForward:
                 plan is None
                 or self._version != self._module_dict.get("_jm_version", 0)
                 or self._hooks != _HOOKS.value
+                or plan.autocast != state.local.autocast
             ):
                 plan = self._refresh()
             code = plan.code
@@ -332,6 +335,8 @@ class _Match(NamedTuple):
     #: ``(object, description)`` of the others (optimizers): asked again every call.
     others: tuple[tuple[Any, Any], ...]
     hooks: int
+    #: This thread's autocast regions when the plan was made (part of its key).
+    autocast: tuple | None
 
 
 class CompiledFunction:
@@ -365,7 +370,12 @@ class CompiledFunction:
     def _match(self, args: tuple) -> tuple[Plan, tuple] | None:
         """The last plan and this call's arrays, if the call has the last one's objects."""
         last = self._last
-        if last is None or len(args) != len(last.pattern) or last.hooks != _HOOKS.value:
+        if (
+            last is None
+            or len(args) != len(last.pattern)
+            or last.hooks != _HOOKS.value
+            or last.autocast != state.local.autocast
+        ):
             return None
         arrays = []
         for a, p in zip(args, last.pattern):
@@ -434,8 +444,10 @@ class CompiledFunction:
 
     def _describe(self, objects: list[Any], positions: tuple[int, ...] | None) -> Plan:
         descs = [o._jm_describe() for o in objects]
-        key = (tuple(d.key for d in descs), _hooks.global_hook_key(), positions)
+        autocast = state.local.autocast
+        key = (tuple(d.key for d in descs), _hooks.global_hook_key(), positions, autocast)
         plan = _plan_for(key, objects, descs, with_grads=True, positions=positions)
+        plan.autocast = autocast
         plan.code = self.program.guards.get(key)
         return plan
 
@@ -447,7 +459,9 @@ class CompiledFunction:
                 versions.append((o.__dict__, o.__dict__.get("_jm_version", 0)))
             else:
                 others.append((o, o._jm_describe()))
-        return _Match(plan, pattern, tuple(versions), tuple(others), _hooks.version())
+        return _Match(
+            plan, pattern, tuple(versions), tuple(others), _hooks.version(), plan.autocast
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:

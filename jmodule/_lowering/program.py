@@ -168,6 +168,8 @@ class Plan:
     #: ``(container, key, uncommitted, committed)`` of the slots ``_plan_for`` committed
     #: to their device: put back if the program turns out to span other devices.
     committed: tuple = ()
+    #: The thread's ``jm.autocast`` regions the plan was made under (in ``key`` too).
+    autocast: tuple | None = None
 
 
 class _Reread(Exception):
@@ -220,6 +222,8 @@ class Program:
         self.num_traces = 0
         self.reasons: list[str] = []
         self._infos: dict | None = None
+        #: The autocast regions of the last key made (a new one names the change).
+        self._autocast: tuple | None = None
         self._pending_reason = "first call"
         self._last_sig: dict[Any, tuple[dict, dict]] = {}
         #: Called as ``hook(key, vals, args, kwargs, reason)`` each time the program is
@@ -238,9 +242,15 @@ class Program:
             i for i, (c, k) in enumerate(plan.slots) if k == "grad" and (id(c), k) in guess
         )
 
-    def _note_structure(self, infos: dict) -> None:
+    def _note_structure(self, plan: Plan) -> None:
+        infos = plan.infos
         if self._infos is not None and self._infos is not infos:
             self._pending_reason = structure.structural_change(self._infos, infos)
+        elif self._infos is not None and plan.autocast != self._autocast:
+            self._pending_reason = (
+                f"autocast changed: {_regions(self._autocast)} -> {_regions(plan.autocast)}"
+            )
+        self._autocast = plan.autocast
 
     def jitted(self, plan: Plan) -> Callable:
         """The ``jax.jit`` function for ``plan``'s structure key (made on first use)."""
@@ -249,7 +259,7 @@ class Program:
             return fn
         fn = self.entries.get(plan.key)
         if fn is None:
-            self._note_structure(plan.infos)
+            self._note_structure(plan)
             fn = self.entries[plan.key] = jax.jit(
                 functools.partial(self._pure, plan.key, compact=True), **self.jit_options
             )
@@ -294,7 +304,7 @@ class Program:
             self._infos = plan.infos
             return made
         if made is None:
-            self._note_structure(plan.infos)
+            self._note_structure(plan)
         else:
             self._dropped_compiles += _compiles(made.jitted)
         fn = jax.jit(
@@ -430,6 +440,11 @@ class Program:
         if compact and not idx:
             return out, None
         return out, Changed(idx, new)
+
+
+def _regions(autocast: tuple | None) -> str:
+    """``jm.autocast`` regions in words: ``off`` or ``cpu bfloat16``."""
+    return ", ".join(f"{d} {t}" for d, t in autocast) if autocast else "off"
 
 
 def _compiles(fn: Any) -> int:

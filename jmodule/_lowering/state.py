@@ -17,9 +17,9 @@ This module is the bottom of jmodule and the single owner of four things
   tree's slots; compile, backward, ``functional_call``, the optimizers, the
   ``jm.jit`` views and Flax interop all use it.
 * **This thread's context.** Which slot containers an active trace has bound,
-  the gradient recorder of an active ``jm.backward``, the ``.grad`` watcher
-  and the compiled call being traced: all per thread (:data:`local`), so
-  threads never see each other's traces.
+  the gradient recorder of an active ``jm.backward``, the ``.grad`` watcher,
+  the compiled call being traced and the active ``jm.autocast`` regions: all
+  per thread (:data:`local`), so threads never see each other's traces.
 * **Versions.** Every module (and parameter) has a version that
   :func:`touch` increments, together with those of every tree containing it
   (parents are linked, weakly, when a tree is enumerated). A compiled program
@@ -91,6 +91,10 @@ class _Thread(threading.local):
         self.call: Any = None
         #: The values of an active ``nn.utils.parametrize.cached()`` block, or None.
         self.parametrize_cache: Any = None
+        #: The active autocast regions (``jm.autocast``): a sorted tuple of hashable
+        #: ``(device_type, dtype name)`` pairs, one per enabled device type, or None.
+        #: Part of every compiled program's key: what an op casts to is traced in.
+        self.autocast: tuple | None = None
 
 
 #: Per-thread context (a ``threading.local``): never shared between threads.

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jmodule import random as _random
+from jmodule.amp import _autocast as _amp
 from jmodule.nn.functional._utils import jit, upcast
 from jmodule.nn.parameter import as_array
 
@@ -122,7 +123,7 @@ def _leaky(x: jax.Array, slope: Any) -> jax.Array:
     return jnp.where(x > 0, x, x * slope)
 
 
-@jit()
+@jit(autocast="prelu")
 def prelu(input: Any, weight: Any) -> jax.Array:
     """Leaky ReLU with a learned slope per channel (dimension 1), as ``F.prelu``.
 
@@ -327,7 +328,7 @@ def _hardswish(x: jax.Array) -> jax.Array:
     return jnp.where(x < -3.0, jnp.zeros_like(x), jnp.where(x <= 3.0, mid, x))
 
 
-@jit("beta", "threshold")
+@jit("beta", "threshold", autocast="softplus")
 def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> jax.Array:
     """``log(1 + exp(beta * x)) / beta``, linear where ``beta * x > threshold``.
 
@@ -456,6 +457,8 @@ def _softmax_like(name: str, fn: Any, input: Any, dim: Any, stacklevel: int, dty
     x = as_array(input)
     if dtype is not None:
         x = x.astype(dtype)
+    else:
+        (x,) = _amp.cast(name, x)
     if dim is None:
         dim = _softmax_dim(name, x.ndim, stacklevel)
     return _softmax_core(x, fn, dim)
@@ -510,6 +513,8 @@ def softmin(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: Any
     x = as_array(input)
     if dtype is not None:
         x = x.astype(dtype)
+    else:  # softmax(-x): softmax's policy
+        (x,) = _amp.cast("softmax", x)
     return _softmax_like("softmin", _negated_softmax, x, dim, _stacklevel, None)
 
 

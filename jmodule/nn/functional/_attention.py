@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from jmodule import random as _random
 from jmodule.nn.functional._basic import linear
-from jmodule.nn.functional._utils import compute_dtype
+from jmodule.nn.functional._utils import autocast, compute_dtype
 from jmodule.nn.parameter import as_array
 
 __all__ = ["multi_head_attention_forward", "scaled_dot_product_attention"]
@@ -108,6 +108,7 @@ def scaled_dot_product_attention(
             f"broadcast; got shapes {_shape(q)}, {_shape(k)} and {_shape(v)}"
         )
     mask = None if attn_mask is None else as_array(attn_mask)
+    q, k, v, mask = autocast("scaled_dot_product_attention", q, k, v, mask)
     if mask is not None and is_causal:
         raise RuntimeError(
             "_scaled_dot_product_attention: Explicit attn_mask should not be set when "

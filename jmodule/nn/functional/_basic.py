@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from jmodule import random as _random
+from jmodule._lowering import state as _state
+from jmodule.amp import _autocast as _amp
 from jmodule.nn.parameter import as_array
 
 __all__ = ["batch_norm", "batch_norm_update", "dropout", "linear", "relu"]
@@ -23,11 +25,14 @@ def linear(input: Any, weight: Any, bias: Any = None) -> jax.Array:
     (2, 4)
     """
     x, w = as_array(input), as_array(weight)
+    b = None if bias is None else as_array(bias)
+    if _state.local.autocast is not None:
+        x, w, b = _amp.cast("linear", x, w, b)
     if w.ndim == 2 and x.ndim >= 1 and x.shape[-1] != w.shape[1]:
         raise RuntimeError(_matmul_shapes(x.shape, w.shape))
     out = jnp.matmul(x, w.T)
-    if bias is not None:
-        out = out + as_array(bias)
+    if b is not None:
+        out = out + b
     return out
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jmodule.nn.functional import _conv_lowering as _lowering
-from jmodule.nn.functional._utils import compute_dtype, jit, ntuple, shape_str
+from jmodule.nn.functional._utils import autocast, compute_dtype, jit, ntuple, shape_str
 from jmodule.nn.parameter import as_array
 
 __all__ = [
@@ -259,6 +259,7 @@ def conv1d(
     >>> F.conv1d(jnp.ones((1, 2, 5)), jnp.ones((3, 2, 3)), padding="same").shape
     (1, 3, 5)
     """
+    input, weight, bias = autocast("conv1d", input, weight, bias)
     return _conv(1, input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -278,6 +279,7 @@ def conv2d(
     >>> F.conv2d(jnp.ones((1, 2, 5, 5)), jnp.ones((4, 2, 3, 3)), stride=2).shape
     (1, 4, 2, 2)
     """
+    input, weight, bias = autocast("conv2d", input, weight, bias)
     return _conv(2, input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -297,6 +299,7 @@ def conv3d(
     >>> F.conv3d(jnp.ones((1, 2, 4, 4, 4)), jnp.ones((3, 2, 3, 3, 3)), padding=1).shape
     (1, 3, 4, 4, 4)
     """
+    input, weight, bias = autocast("conv3d", input, weight, bias)
     return _conv(3, input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -331,6 +334,7 @@ def conv_transpose1d(
     >>> F.conv_transpose1d(jnp.ones((1, 2, 4)), jnp.ones((2, 3, 3)), stride=2).shape
     (1, 3, 9)
     """
+    input, weight, bias = autocast("conv_transpose1d", input, weight, bias)
     return _conv_transpose(
         1, input, weight, bias, stride, padding, output_padding, groups, dilation
     )
@@ -353,6 +357,7 @@ def conv_transpose2d(
     >>> F.conv_transpose2d(jnp.ones((1, 2, 3, 3)), jnp.ones((2, 1, 2, 2)), stride=2).shape
     (1, 1, 6, 6)
     """
+    input, weight, bias = autocast("conv_transpose2d", input, weight, bias)
     return _conv_transpose(
         2, input, weight, bias, stride, padding, output_padding, groups, dilation
     )
@@ -375,6 +380,7 @@ def conv_transpose3d(
     >>> F.conv_transpose3d(jnp.ones((1, 2, 2, 2, 2)), jnp.ones((2, 1, 2, 2, 2))).shape
     (1, 1, 3, 3, 3)
     """
+    input, weight, bias = autocast("conv_transpose3d", input, weight, bias)
     return _conv_transpose(
         3, input, weight, bias, stride, padding, output_padding, groups, dilation
     )

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule.nn.functional._utils import check_float, jit, shape_str
+from jmodule.nn.functional._utils import autocast_op, check_float, jit, shape_str
 from jmodule.nn.parameter import as_array
 
 __all__ = ["affine_grid", "grid_sample"]
@@ -56,6 +56,7 @@ def _affine_grid(theta: jax.Array, size: tuple[int, ...], align_corners: bool) -
     return grid.reshape((size[0], *spatial, len(spatial)))
 
 
+@autocast_op("bmm")
 def affine_grid(theta: Any, size: Any, align_corners: bool | None = None) -> jax.Array:
     """Sampling grid for a batch of affine matrices, as ``torch.nn.functional.affine_grid``.
 
@@ -222,6 +223,7 @@ def _grid_sample(
     return out.reshape((n, c, *out_shape))
 
 
+@autocast_op("grid_sampler")
 def grid_sample(
     input: Any,
     grid: Any,

@@ -26,6 +26,7 @@ from jax.scipy.special import xlogy
 
 from jmodule.nn.functional._misc import pairwise_distance
 from jmodule.nn.functional._utils import (
+    autocast_op,
     broadcast_shapes,
     clamp_min_straight_through,
     compute_dtype,
@@ -130,6 +131,7 @@ def _weighted_mean(loss: jax.Array, weight: Any, input: jax.Array, reduction: st
 # ----------------------------------------------------------------------------- regression
 
 
+@autocast_op("mse_loss")
 def mse_loss(
     input: Any,
     target: Any,
@@ -157,6 +159,7 @@ def mse_loss(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("l1_loss")
 def l1_loss(
     input: Any,
     target: Any,
@@ -181,6 +184,7 @@ def l1_loss(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("smooth_l1_loss")
 def smooth_l1_loss(
     input: Any,
     target: Any,
@@ -214,6 +218,7 @@ def smooth_l1_loss(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("huber_loss")
 def huber_loss(
     input: Any,
     target: Any,
@@ -252,6 +257,7 @@ def huber_loss(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("poisson_nll_loss")
 def poisson_nll_loss(
     input: Any,
     target: Any,
@@ -409,6 +415,7 @@ def _nll_reduce(loss: jax.Array, w: jax.Array, reduction: str) -> jax.Array:
     return _reduce(loss, reduction)
 
 
+@autocast_op("nll_loss")
 def nll_loss(
     input: Any,
     target: Any,
@@ -443,6 +450,7 @@ def nll_loss(
     return _nll_reduce(loss, w, reduction).astype(dtype)
 
 
+@autocast_op(("cross_entropy_loss", "nll_loss"))
 def cross_entropy(
     input: Any,
     target: Any,
@@ -517,6 +525,7 @@ def cross_entropy(
     return out.astype(dtype)
 
 
+@autocast_op("binary_cross_entropy")
 def binary_cross_entropy(
     input: Any,
     target: Any,
@@ -558,6 +567,7 @@ def binary_cross_entropy(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("binary_cross_entropy_with_logits")
 def binary_cross_entropy_with_logits(
     input: Any,
     target: Any,
@@ -599,6 +609,7 @@ def binary_cross_entropy_with_logits(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("kl_div")
 def kl_div(
     input: Any,
     target: Any,
@@ -642,6 +653,7 @@ def kl_div(
     return out.astype(dtype)
 
 
+@autocast_op("soft_margin_loss")
 def soft_margin_loss(
     input: Any,
     target: Any,
@@ -724,6 +736,7 @@ def _margin_shapes(x: jax.Array, t: jax.Array) -> tuple[int, int]:
     return (1, x.size) if x.ndim <= 1 else x.shape
 
 
+@autocast_op("multi_margin_loss")
 def multi_margin_loss(
     input: Any,
     target: Any,
@@ -800,6 +813,7 @@ def _multi_margin(
     return h.sum(axis=1) / classes
 
 
+@autocast_op("multilabel_margin_loss")
 def multilabel_margin_loss(
     input: Any,
     target: Any,
@@ -861,6 +875,7 @@ def _multilabel_margin(xs: jax.Array, t: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- embeddings, ranking
 
 
+@autocast_op("hinge_embedding_loss")
 def hinge_embedding_loss(
     input: Any,
     target: Any,
@@ -886,6 +901,7 @@ def hinge_embedding_loss(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("cosine_embedding_loss")
 def cosine_embedding_loss(
     input1: Any,
     input2: Any,
@@ -926,6 +942,7 @@ def cosine_embedding_loss(
     return _reduce(pos + neg, reduction).astype(dtype)
 
 
+@autocast_op("margin_ranking_loss")
 def margin_ranking_loss(
     input1: Any,
     input2: Any,
@@ -957,6 +974,7 @@ def margin_ranking_loss(
     return _reduce(loss, reduction).astype(dtype)
 
 
+@autocast_op("triplet_margin_loss")
 def triplet_margin_loss(
     anchor: Any,
     positive: Any,
@@ -1115,6 +1133,7 @@ def _ctc_nll(
     return -_logsumexp(last, before)
 
 
+@autocast_op("ctc_loss")
 def ctc_loss(
     log_probs: Any,
     targets: Any,

@@ -57,7 +57,35 @@ def _crop(x: jax.Array, pairs: list[tuple[int, int]]) -> jax.Array:
     return x[index]
 
 
-@jit("pad", "mode", "value")
+def _pad_op(mode: str, dims: int) -> str | None:
+    """The aten op ``F.pad`` dispatches to (its autocast policy applies)."""
+    if mode == "reflect":
+        return f"reflection_pad{dims}d"
+    if mode == "replicate":
+        return f"replication_pad{dims}d"
+    return None
+
+
+def _interpolate_op(mode: str, dims: int, antialias: bool) -> str | None:
+    """The aten op ``F.interpolate`` dispatches to (its autocast policy applies)."""
+    if mode == "area":
+        return f"adaptive_avg_pool{dims}d"
+    return {
+        "nearest": f"upsample_nearest{dims}d",
+        "nearest-exact": f"_upsample_nearest_exact{dims}d",
+        "linear": "upsample_linear1d",
+        "bilinear": "_upsample_bilinear2d_aa" if antialias else "upsample_bilinear2d",
+        "bicubic": "_upsample_bicubic2d_aa" if antialias else "upsample_bicubic2d",
+        "trilinear": "upsample_trilinear3d",
+    }.get(mode)
+
+
+@jit(
+    "pad",
+    "mode",
+    "value",
+    autocast=lambda a: _pad_op(a.get("mode", "constant"), len(a["pad"]) // 2),
+)
 def pad(input: Any, pad: Any, mode: str = "constant", value: float | None = None) -> jax.Array:
     """Pad the last ``len(pad) // 2`` dimensions, as ``torch.nn.functional.pad``.
 
@@ -197,7 +225,17 @@ def _resample_axis(y: jax.Array, axis: int, idx: np.ndarray, weights: np.ndarray
     return (taps * w).sum(axis + 1)
 
 
-@jit("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
+@jit(
+    "size",
+    "scale_factor",
+    "mode",
+    "align_corners",
+    "recompute_scale_factor",
+    "antialias",
+    autocast=lambda a: _interpolate_op(
+        a.get("mode", "nearest"), a["input"].ndim - 2, a.get("antialias", False)
+    ),
+)
 def interpolate(
     input: Any,
     size: Any = None,
@@ -407,7 +445,7 @@ def channel_shuffle(input: Any, groups: int) -> jax.Array:
 # ----------------------------------------------------------------------------- bilinear
 
 
-@jit()
+@jit(autocast="bilinear")
 def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> jax.Array:
     """``y[..., o] = x1 @ weight[o] @ x2 + bias[o]``, as ``F.bilinear``.
 
@@ -487,7 +525,7 @@ def _vector_norm(d: jax.Array, p: float, axis: int, keepdim: bool = False) -> ja
     return jnp.where(positive, root, 0)
 
 
-@jit("dim")
+@jit("dim", autocast="cosine_similarity")
 def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-8) -> jax.Array:
     """Cosine similarity along ``dim``, as ``torch.nn.functional.cosine_similarity``.
 
@@ -554,7 +592,7 @@ def pairwise_distance(
     return _vector_norm(d, p, -1, keepdim).astype(dtype)
 
 
-@jit("p")
+@jit("p", autocast="pdist")
 def pdist(input: Any, p: float = 2) -> jax.Array:
     """``p``-norm distances between the rows of ``(N, M)`` input, as ``torch.nn.functional.pdist``.
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule.nn.functional._utils import check_float, compute_dtype, jit, shape_str
+from jmodule.nn.functional._utils import autocast, check_float, compute_dtype, jit, shape_str
 from jmodule.nn.parameter import as_array
 
 __all__ = [
@@ -55,7 +55,7 @@ def _moments(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]
     return mean, var
 
 
-@jit("normalized_shape", "eps")
+@jit("normalized_shape", "eps", autocast="layer_norm")
 def layer_norm(
     input: Any,
     normalized_shape: Any,
@@ -82,7 +82,7 @@ def layer_norm(
     return _affine(out, weight, bias, shape).astype(x.dtype)
 
 
-@jit("normalized_shape", "eps")
+@jit("normalized_shape", "eps", autocast="rms_norm")
 def rms_norm(
     input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None
 ) -> jax.Array:
@@ -108,7 +108,7 @@ def rms_norm(
     return _affine(out, weight, None, shape).astype(x.dtype)
 
 
-@jit("num_groups", "eps")
+@jit("num_groups", "eps", autocast="group_norm")
 def group_norm(
     input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5
 ) -> jax.Array:
@@ -220,7 +220,8 @@ def instance_norm(
     )[0]
 
 
-@jit("size", "alpha", "beta", "k")
+# PyTorch divides by an avg_pool3d of the squares (avg_pool2d for 3-D input).
+@jit("size", "alpha", "beta", "k", autocast=lambda a: "avg_pool3d" if a["input"].ndim > 3 else None)
 def local_response_norm(
     input: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0
 ) -> jax.Array:
@@ -290,6 +291,7 @@ def normalize(
     """
     if out is not None:
         raise TypeError("normalize(out=...) is not supported: JAX arrays are immutable")
+    (input,) = autocast("norm", input)  # PyTorch divides by input.norm(p, dim)
     return _normalize(input, p, dim, eps)
 
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule.nn.functional._utils import (
+    autocast_op,
     check_float,
     compute_dtype,
     concrete,
@@ -278,6 +279,14 @@ def max_pool2d(
     return _max_pool(2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
+def _max_pool3d_op(args: tuple, kwargs: dict) -> str | None:
+    """PyTorch's aten op for the call: ``max_pool3d`` has an autocast policy on CPU, the
+    ``max_pool3d_with_indices`` that ``return_indices=True`` runs has none."""
+    indices = kwargs.get("return_indices", args[6] if len(args) > 6 else False)
+    return None if indices else "max_pool3d"
+
+
+@autocast_op(_max_pool3d_op)
 def max_pool3d(
     input: Any,
     kernel_size: Any,
@@ -347,6 +356,7 @@ def avg_pool2d(
     )
 
 
+@autocast_op("avg_pool3d")
 def avg_pool3d(
     input: Any,
     kernel_size: Any,
@@ -508,6 +518,7 @@ def adaptive_avg_pool2d(input: Any, output_size: Any) -> jax.Array:
     return _adaptive_avg(2, input, output_size)
 
 
+@autocast_op("adaptive_avg_pool3d")
 def adaptive_avg_pool3d(input: Any, output_size: Any) -> jax.Array:
     """3-D adaptive average pooling.
 
@@ -541,6 +552,7 @@ def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = Fal
     return _adaptive_max(2, input, output_size, return_indices)
 
 
+@autocast_op("adaptive_max_pool3d")
 def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
     """3-D adaptive max pooling.
 
@@ -685,6 +697,7 @@ def lp_pool2d(
     return _lp_pool(2, input, norm_type, kernel_size, stride, ceil_mode)
 
 
+@autocast_op("avg_pool3d")
 def lp_pool3d(
     input: Any,
     norm_type: float,
@@ -811,6 +824,7 @@ def _unpool(
     return _max_unpool(nd, x, idx, size)
 
 
+@autocast_op("max_unpool2d")
 def max_unpool1d(
     input: Any,
     indices: Any,
@@ -846,6 +860,7 @@ def max_unpool1d(
     return _unpool(1, input, indices, kernel_size, stride, padding, output_size)
 
 
+@autocast_op("max_unpool2d")
 def max_unpool2d(
     input: Any,
     indices: Any,
@@ -866,6 +881,7 @@ def max_unpool2d(
     return _unpool(2, input, indices, kernel_size, stride, padding, output_size)
 
 
+@autocast_op("max_unpool3d")
 def max_unpool3d(
     input: Any,
     indices: Any,

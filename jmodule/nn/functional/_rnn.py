@@ -30,6 +30,8 @@ import numpy as np
 
 from jmodule import _device, _placement
 from jmodule import random as _random
+from jmodule._lowering import state as _state
+from jmodule.amp import _autocast as _amp
 from jmodule.nn.functional._utils import compute_dtype
 from jmodule.nn.parameter import as_array
 
@@ -75,16 +77,50 @@ def _cell(mode: str, input: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh:
         return None if w is None else as_array(w)
 
     hx = jax.tree.map(as_array, hx)
-    return _cell_jit(mode, as_array(input), hx, arr(w_ih), arr(w_hh), arr(b_ih), arr(b_hh))
+    x, ws = as_array(input), (arr(w_ih), arr(w_hh), arr(b_ih), arr(b_hh))
+    out = None
+    if _state.local.autocast is not None:
+        x, hx, ws, out = _autocast_cell(mode, x, hx, ws)
+    return _cell_jit(mode, x, hx, *ws, out=out)
 
 
-@functools.partial(jax.jit, static_argnames=("mode",))
-def _cell_jit(mode: str, x: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any) -> Any:
-    """One step as one program (eager calls compile once per shape, not once per operation)."""
+_CELL_OPS = {"LSTM": "lstm_cell", "GRU": "gru_cell", "RNN_TANH": "rnn_tanh_cell"}
+
+
+def _autocast_cell(mode: str, x: Any, hx: Any, ws: tuple) -> tuple[Any, Any, tuple, Any]:
+    """What PyTorch's autocast casts for a cell: ``(x, hx, weights, output dtype)``.
+
+    CUDA casts the cell op's arguments (``lstm_cell``, ...) to the low dtype.
+    Elsewhere a cell is a composite of ``linear`` calls: their operands are
+    cast, and the LSTM/GRU state update promotes with the given hidden state
+    (an RNN cell's output is the sum of two ``linear`` outputs).
+    """
+    op = _CELL_OPS.get(mode, "rnn_relu_cell")
+    if _amp.policy(op) is not None:
+        flat, tree = jax.tree.flatten((x, hx, ws))
+        x, hx, ws = jax.tree.unflatten(tree, _amp.cast(op, *flat))
+        return x, hx, ws, None
+    if mode in ("LSTM", "GRU"):
+        flat, tree = jax.tree.flatten((x, ws))
+        x, ws = jax.tree.unflatten(tree, _amp.cast("linear", *flat))
+        return x, hx, ws, jnp.result_type(x.dtype, *jax.tree.leaves(hx))
+    flat, tree = jax.tree.flatten((x, hx, ws))
+    x, hx, ws = jax.tree.unflatten(tree, _amp.cast("linear", *flat))
+    return x, hx, ws, None
+
+
+@functools.partial(jax.jit, static_argnames=("mode", "out"))
+def _cell_jit(
+    mode: str, x: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, out: Any = None
+) -> Any:
+    """One step as one program (eager calls compile once per shape, not once per operation).
+
+    The new state is in ``x``'s dtype, or ``out`` when given.
+    """
     compute = compute_dtype(x.dtype)
     carry = jax.tree.map(lambda h: h.astype(compute), hx)
     new = _step(mode, _linear(x.astype(compute), w_ih, b_ih, compute), carry, w_hh, b_hh, None)
-    return jax.tree.map(lambda h: h.astype(x.dtype), new)
+    return jax.tree.map(lambda h: h.astype(x.dtype if out is None else out), new)
 
 
 def rnn_tanh_cell(
@@ -442,6 +478,9 @@ def rnn_layers(
     key = _random.next_key() if drop else None
     arrays = tuple(tuple(None if w is None else as_array(w) for w in group) for group in weights)
     hx = jax.tree.map(as_array, hx)
+    input = as_array(input)
+    if _state.local.autocast is not None:
+        input, hx, arrays = _autocast_layers(mode, input, hx, arrays)
     packed = None
     if batch_sizes is not None:
         positions, lengths, steps, batch = packed_layout(host_ints(batch_sizes, "batch_sizes"))
@@ -449,7 +488,7 @@ def rnn_layers(
         packed = (jnp.asarray(positions), jnp.asarray(lengths), steps, batch)
     return _stack(
         mode,
-        as_array(input),
+        input,
         hx,
         arrays,
         key,
@@ -459,6 +498,24 @@ def rnn_layers(
         dropout=dropout if drop else 0.0,
         shape=None if packed is None else packed[2:],
     )
+
+
+def _autocast_layers(mode: str, input: Any, hx: Any, weights: tuple) -> tuple[Any, Any, tuple]:
+    """What PyTorch's autocast casts for a recurrent layer on CPU.
+
+    LSTM runs ``mkldnn_rnn_layer`` (everything in the low dtype); RNN's
+    cells are ``linear`` composites (everything low too); GRU's gates come
+    from ``linear`` (weights low) while its output follows the input.
+    """
+    flat, tree = jax.tree.flatten((input, hx, weights))
+    if mode == "LSTM":
+        flat = list(_amp.cast("mkldnn_rnn_layer", *flat))
+    elif mode != "GRU":
+        flat = list(_amp.cast("linear", *flat))
+    else:
+        n = len(jax.tree.leaves((input, hx)))
+        flat = flat[:n] + list(_amp.cast("linear", *flat[n:]))
+    return jax.tree.unflatten(tree, flat)
 
 
 @functools.partial(

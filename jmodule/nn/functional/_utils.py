@@ -11,6 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._lowering import state as _state
+from jmodule._lowering.state import is_cell
+from jmodule.amp import _autocast as _amp
 from jmodule.nn.parameter import as_array
 
 
@@ -70,7 +73,9 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def jit(*static: str) -> Callable[[Callable], Callable]:
+def jit(
+    *static: str, autocast: str | Callable[[dict], str | None] | None = None
+) -> Callable[[Callable], Callable]:
     """Decorate a functional layer with ``jax.jit``, the named arguments static.
 
     An eager call then runs as one compiled program per configuration (and
@@ -78,6 +83,10 @@ def jit(*static: str) -> Callable[[Callable], Callable]:
     own, as ``jax.nn``'s functions do; inside a trace it simply inlines.
     Lists among the static arguments are frozen to tuples; torch tensors and
     Parameters among the others become plain arrays.
+
+    ``autocast`` names the aten op whose ``jm.autocast`` policy applies to
+    the array arguments (or is ``bound arguments -> op name or None``): they
+    are cast before the compiled call, so its cache keys on the cast dtypes.
     """
 
     def decorate(fn: Callable) -> Callable:
@@ -87,16 +96,71 @@ def jit(*static: str) -> Callable[[Callable], Callable]:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
+            arrays = []
             for name, value in bound.arguments.items():
                 if name in static:
                     bound.arguments[name] = _freeze(value)
                 elif value is not None and not isinstance(value, (jax.Array, np.ndarray)):
                     bound.arguments[name] = _as_array(value)
+                if name not in static and isinstance(bound.arguments[name], jax.Array):
+                    arrays.append(name)
+            if autocast is not None and _state.local.autocast is not None:
+                op = autocast if isinstance(autocast, str) else autocast(bound.arguments)
+                if op is not None:
+                    cast = _amp.cast(op, *(bound.arguments[n] for n in arrays))
+                    bound.arguments.update(zip(arrays, cast))
             return compiled(*bound.args, **bound.kwargs)
 
         return call
 
     return decorate
+
+
+def autocast(op: str, *args: Any) -> tuple[Any, ...]:
+    """``args`` cast by ``jm.autocast``'s policy for aten op ``op`` (unchanged outside a region).
+
+    Parameters among them are read as arrays first; None and Python numbers pass.
+    """
+    if _state.local.autocast is None:
+        return args
+    return _amp.cast(op, *(_as_array(a) if a is not None else None for a in args))
+
+
+def autocast_op(
+    op: str | tuple[str, ...] | Callable[[tuple, dict], str | None],
+) -> Callable[[Callable], Callable]:
+    """Decorate a functional layer so ``jm.autocast`` casts its array arguments for aten ``op``.
+
+    ``op`` is an aten op name, several applied in turn (an op PyTorch runs as
+    a composite of listed ops), or ``(args, kwargs) -> op name or None``.
+    Outside an autocast region the call goes straight through.
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if _state.local.autocast is not None:
+                args, kwargs = _cast_all(op(args, kwargs) if callable(op) else op, args, kwargs)
+            return fn(*args, **kwargs)
+
+        return call
+
+    return decorate
+
+
+def _cast_all(ops: str | tuple[str, ...] | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Every array (or Parameter) among ``args`` and ``kwargs`` cast for ``ops``, together."""
+    if ops is None:
+        return args, kwargs
+    values = [*args, *kwargs.values()]
+    where = [i for i, v in enumerate(values) if isinstance(v, jax.Array) or is_cell(v)]
+    arrays = tuple(as_array(values[i]) for i in where)
+    for name in (ops,) if isinstance(ops, str) else ops:
+        arrays = _amp.cast(name, *arrays)
+    for i, v in zip(where, arrays):
+        values[i] = v
+    n = len(args)
+    return tuple(values[:n]), dict(zip(kwargs, values[n:]))
 
 
 def _as_array(value: Any) -> Any:

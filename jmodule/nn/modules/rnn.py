@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jmodule import _factory
+from jmodule._lowering import state as _state
 from jmodule.nn import init
 from jmodule.nn.functional import _rnn
 from jmodule.nn.functional._rnn import PackedSequence
@@ -208,7 +209,7 @@ class RNNBase(Module):
     def _check_input(self, x: jax.Array) -> None:
         name = type(self).__name__
         weight_dtype = as_array(self._flat_weights[0]).dtype
-        if x.dtype != weight_dtype:
+        if x.dtype != weight_dtype and _state.local.autocast is None:  # autocast casts them
             raise ValueError(
                 f"{name} input dtype ({x.dtype}) does not match weight dtype ({weight_dtype}). "
                 f"Convert input: input.astype({weight_dtype}), or convert model: "

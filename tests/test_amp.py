@@ -1,0 +1,669 @@
+"""``jm.autocast`` and ``jm.amp.GradScaler`` against torch's, live.
+
+The op lists come from torch: the CPU policy is whatever ``torch.autocast("cpu")``
+does to each op (run here op by op, output dtypes compared), and the set of ops
+with a CPU policy is the set of aten ops with an ``AutocastCPU`` kernel in
+torch's dispatcher. The CUDA lists are read from torch's own table,
+``torch/include/ATen/autocast_mode.h`` in the installed wheel (the
+``AT_FORALL_*`` macros ``autocast_mode.cpp`` registers for CUDA), checked
+against the dispatcher's ``AutocastCUDA`` kernels.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import re
+import threading
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from amp_cases import CASES, Arrays
+from torch_ref import dtype_name
+
+import jmodule as jm
+import jmodule.nn.functional as JF
+from jmodule.amp import _autocast
+
+TF = torch.nn.functional
+
+# ----------------------------------------------------------------------------- torch's tables
+
+HEADER = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+MACROS = {
+    "AT_FORALL_LOWER_PRECISION_FP": "lower",
+    "AT_FORALL_FP32": "fp32",
+    "AT_FORALL_FP32_SET_OPT_DTYPE": "fp32_set_opt_dtype",
+    # norm's two overloads (fp32_append_dtype: the op runs and returns float32, as above)
+    "AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE": "fp32_set_opt_dtype",
+    "AT_FORALL_PROMOTE": "promote",
+}
+
+
+def _header_table() -> dict[str, str]:
+    """``{aten op: policy}`` from the ``AT_FORALL_*`` op lists of torch's autocast header."""
+    text = HEADER.read_text()
+    table = {}
+    for macro, policy in MACROS.items():
+        body = re.search(rf"#define {macro}\(_\)(.*?)\n\n", text + "\n\n", re.S)
+        assert body is not None, macro
+        for entry in re.findall(r"_\(\s*(?:ADD_NS\()?(\w+)", body.group(1)):
+            table[entry] = policy
+    return table
+
+
+def _kernel_ops(key: str) -> set[str]:
+    """The aten ops (overload names dropped) with a kernel for dispatch key ``key``."""
+    names = torch._C._dispatch_get_all_op_names()
+    return {
+        n.split("::")[1].split(".")[0]
+        for n in names
+        if n.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(n, key)
+    }
+
+
+def test_cuda_lists_are_torchs_header_table():
+    assert HEADER.exists(), f"torch's autocast header is not in the wheel: {HEADER}"
+    table = _header_table()
+    assert table == _autocast.CUDA
+    # The header's lists are the ones torch registers for CUDA: each op has a kernel there.
+    assert set(table) <= _kernel_ops("AutocastCUDA")
+    # softmax/layer_norm/exp stay float32 on CUDA (and not on CPU).
+    assert {table["softmax"], table["layer_norm"], table["exp"]} <= {"fp32", "fp32_set_opt_dtype"}
+
+
+def test_cpu_ops_are_those_with_a_torch_autocast_cpu_kernel():
+    assert set(_autocast.CPU) == _kernel_ops("AutocastCPU")
+    assert not {"softmax", "layer_norm", "exp", "sum"} & set(_autocast.CPU)
+
+
+# ----------------------------------------------------------------------------- op by op, CPU
+
+# (case, input dtype) pairs torch itself refuses under CPU autocast: nothing to compare.
+TORCH_REFUSES = {
+    ("bilinear", "bfloat16"),  # "All tensors must have the same dtype" (bilinear not cast)
+    ("pdist", "bfloat16"),  # "pdist" not implemented for 'BFloat16'
+}
+
+# Every op of torch's CPU lists that jmodule implements, and the cases calling it.
+CPU_LISTED = {
+    "linear": ["linear", "linear_nobias"],
+    "prelu": ["prelu"],
+    "conv1d": ["conv1d"],
+    "conv2d": ["conv2d"],
+    "conv3d": ["conv3d"],
+    "conv_transpose1d": ["conv_transpose1d"],
+    "conv_transpose2d": ["conv_transpose2d"],
+    "conv_transpose3d": ["conv_transpose3d"],
+    "scaled_dot_product_attention": ["scaled_dot_product_attention"],
+    "bmm": ["affine_grid"],
+    "avg_pool3d": ["avg_pool3d", "lp_pool3d", "local_response_norm"],
+    "max_pool3d": ["max_pool3d"],
+    "adaptive_avg_pool3d": ["adaptive_avg_pool3d"],
+    "adaptive_max_pool3d": ["adaptive_max_pool3d", "adaptive_max_pool3d_indices"],
+    "max_unpool2d": ["max_unpool1d", "max_unpool2d"],
+    "max_unpool3d": ["max_unpool3d"],
+    "reflection_pad1d": ["pad_reflect1d"],
+    "reflection_pad2d": ["pad_reflect2d"],
+    "replication_pad1d": ["pad_replicate1d"],
+    "replication_pad2d": ["pad_replicate2d"],
+    "replication_pad3d": ["pad_replicate3d"],
+    "grid_sampler": ["grid_sample", "grid_sample_f32_grid"],
+    "mse_loss": ["mse_loss"],
+    "l1_loss": ["l1_loss"],
+    "smooth_l1_loss": ["smooth_l1_loss"],
+    "huber_loss": ["huber_loss"],
+    "poisson_nll_loss": ["poisson_nll_loss"],
+    "nll_loss": ["nll_loss"],
+    "nll_loss2d": ["nll_loss2d"],
+    "cross_entropy_loss": ["cross_entropy", "cross_entropy_probs", "cross_entropy_none"],
+    "binary_cross_entropy": ["binary_cross_entropy"],
+    "binary_cross_entropy_with_logits": ["binary_cross_entropy_with_logits"],
+    "kl_div": ["kl_div"],
+    "soft_margin_loss": ["soft_margin_loss"],
+    "multi_margin_loss": ["multi_margin_loss"],
+    "multilabel_margin_loss": ["multilabel_margin_loss"],
+    "hinge_embedding_loss": ["hinge_embedding_loss"],
+    "cosine_embedding_loss": ["cosine_embedding_loss"],
+    "margin_ranking_loss": ["margin_ranking_loss"],
+    "triplet_margin_loss": ["triplet_margin_loss"],
+    "ctc_loss": ["ctc_loss"],
+    "mkldnn_rnn_layer": ["LSTM"],
+    "_native_multi_head_attention": ["MultiheadAttention"],
+}
+
+
+def _dtypes(out):
+    if isinstance(out, (tuple, list)):
+        return [d for x in out for d in _dtypes(x)]
+    return [] if out is None else [dtype_name(out)]
+
+
+def _module_cases():
+    def rnn(kind):
+        return lambda nn: getattr(nn, kind)(3, 4, batch_first=True), (2, 5, 3)
+
+    def cell(kind):
+        return lambda nn: getattr(nn, kind)(3, 4), (2, 3)
+
+    return {
+        "LSTM": rnn("LSTM"),
+        "GRU": rnn("GRU"),
+        "RNN": rnn("RNN"),
+        "LSTMCell": cell("LSTMCell"),
+        "GRUCell": cell("GRUCell"),
+        "RNNCell": cell("RNNCell"),
+        "MultiheadAttention": (lambda nn: nn.MultiheadAttention(8, 2, batch_first=True), (2, 4, 8)),
+        # In training mode (torch's fused CPU path for an encoder layer is taken only in
+        # eval mode without gradients, which jmodule has no notion of).
+        "TransformerEncoderLayer": (
+            lambda nn: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+            (2, 4, 8),
+        ),
+    }
+
+
+MODULES = _module_cases()
+
+
+def test_every_cpu_listed_op_jmodule_implements_has_a_case():
+    ids = {name for name, _ in CASES} | set(MODULES)
+    assert set(CPU_LISTED) <= _kernel_ops("AutocastCPU") | {"bmm"}
+    assert {c for cases in CPU_LISTED.values() for c in cases} <= ids
+    # Each listed op is on jmodule's CPU table, with a policy.
+    assert all(_autocast.CPU.get(op) for op in CPU_LISTED)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("name", "call"), [pytest.param(n, c, id=n) for n, c in CASES])
+def test_op_output_dtypes_match_torch_cpu_autocast(name, call, dtype):
+    if (name, dtype) in TORCH_REFUSES:
+        with torch.autocast("cpu"), pytest.raises(RuntimeError):
+            call(TF, Arrays(True, dtype, torch.nn))
+        return
+    with torch.autocast("cpu"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _dtypes(call(TF, Arrays(True, dtype, torch.nn)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # First outside autocast: the ops' eager jax.jit caches must not serve the
+        # program traced here to the call inside the region. (Mixed dtypes that only
+        # autocast reconciles are refused outside it, by torch and jmodule alike.)
+        try:
+            call(TF, Arrays(True, dtype, torch.nn))
+        except RuntimeError:
+            pass
+        else:
+            call(JF, Arrays(False, dtype, jm.nn))
+        with jm.autocast("cpu"):
+            got = _dtypes(call(JF, Arrays(False, dtype, jm.nn)))
+    assert got == want
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name", list(MODULES))
+def test_layer_output_dtypes_match_torch_cpu_autocast(name, train, dtype):
+    make, shape = MODULES[name]
+    if name == "TransformerEncoderLayer" and not train:
+        train = True
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    ref, ours = make(torch.nn).train(train), make(jm.nn).train(train)
+    tx, jx = torch.from_numpy(x).to(getattr(torch, dtype)), jnp.asarray(x, dtype=dtype)
+    n = 3 if name == "MultiheadAttention" else 1
+    with torch.autocast("cpu"), torch.set_grad_enabled(train):
+        want = _dtypes(ref(*[tx] * n))
+    with jm.autocast("cpu"):
+        got = _dtypes(ours(*[jx] * n))
+    assert got == want
+    assert all(p.dtype == jnp.float32 for p in ours.parameters())  # parameters keep theirs
+
+
+# ----------------------------------------------------------------------------- semantics
+
+
+def _tiny(side):
+    nn = side
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(6, 16)
+            self.ln = nn.LayerNorm(16)
+            self.fc2 = nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.fc2(self.ln(nn.functional.gelu(self.fc1(x))))
+
+    return Net()
+
+
+def _pair():
+    torch.manual_seed(0)
+    ref, ours = _tiny(torch.nn), _tiny(jm.nn)
+    ours.load_state_dict(ref.state_dict())
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    y = rng.integers(0, 5, 8)
+    return ref, ours, x, y
+
+
+def _torch_loss(ref, x, y, amp):
+    with torch.autocast("cpu", enabled=amp):
+        logits = ref(torch.from_numpy(x))
+        loss = TF.cross_entropy(logits, torch.from_numpy(y))
+    return logits, loss
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_loss_and_gradients_match_torch_cpu_autocast(compiled):
+    ref, ours, x, y = _pair()
+    t_logits, t_loss = _torch_loss(ref, x, y, amp=True)
+    t_loss.backward()
+    _, t_loss32 = _torch_loss(ref, x, y, amp=False)
+    gap = abs(t_loss.item() - t_loss32.item())  # what bfloat16 autocast moves torch's loss by
+    assert gap > 0
+
+    def step(model, x, y):
+        model.zero_grad()
+        with jm.autocast("cpu"):
+            logits = model(x)
+            loss = jm.backward(lambda: JF.cross_entropy(model(x), y))
+        return logits, loss
+
+    fn = jm.compile(step) if compiled else step
+    logits, loss = fn(ours, jnp.asarray(x), jnp.asarray(y, dtype=jnp.int32))
+    assert logits.dtype == jnp.bfloat16 and t_logits.dtype == torch.bfloat16
+    assert loss.dtype == jnp.float32 and t_loss.dtype == torch.float32
+    assert abs(float(loss) - t_loss.item()) <= gap
+    for (k, p), (_, q) in zip(ref.named_parameters(), ours.named_parameters()):
+        assert q.dtype == jnp.float32 and q.grad.dtype == jnp.float32, k
+        g, want = np.asarray(q.grad), p.grad.numpy()
+        # bfloat16 rounding of the matmul inputs: a few bfloat16 ulps of the gradient's scale
+        assert np.max(np.abs(g - want)) <= 8 * 2.0**-8 * np.max(np.abs(want)), k
+
+
+def test_nested_disabled_region_and_decorator():
+    x, w = jnp.ones((2, 3)), jnp.ones((4, 3))
+    tx, tw = torch.ones(2, 3), torch.ones(4, 3)
+
+    @jm.autocast("cpu")
+    def ours():
+        inner = None
+        with jm.autocast("cpu", enabled=False):
+            inner = JF.linear(x, w)
+        return JF.linear(x, w), inner
+
+    @torch.autocast("cpu")
+    def ref():
+        with torch.autocast("cpu", enabled=False):
+            inner = TF.linear(tx, tw)
+        return TF.linear(tx, tw), inner
+
+    assert _dtypes(ours()) == _dtypes(ref())
+    assert JF.linear(x, w).dtype == jnp.float32  # nothing leaks out of the region
+    assert not jm.amp.is_autocast_enabled("cpu")
+
+
+def test_dtype_options_match_torch():
+    for dtype in ("float16", "bfloat16"):
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+            want = TF.linear(torch.ones(2, 3), torch.ones(4, 3))
+        with jm.autocast("cpu", dtype=getattr(jnp, dtype)):
+            got = JF.linear(jnp.ones((2, 3)), jnp.ones((4, 3)))
+        assert dtype_name(got) == dtype_name(want)
+    assert jm.amp.get_autocast_dtype("cpu") == jnp.bfloat16
+    assert jm.amp.get_autocast_dtype("cuda") == jnp.float16
+    assert str(torch.get_autocast_dtype("cpu")) == "torch.bfloat16"
+
+
+def test_unsupported_dtype_and_missing_cuda_warn_and_disable_as_torch():
+    with pytest.warns(UserWarning) as want, torch.autocast("cpu", dtype=torch.float64):
+        t = TF.linear(torch.ones(2, 3), torch.ones(4, 3))
+    with pytest.warns(UserWarning) as got, jm.autocast("cpu", dtype=jnp.float32):
+        j = JF.linear(jnp.ones((2, 3)), jnp.ones((4, 3)))
+    # The first line names the problem; the second lists the dtypes in torch's spelling.
+    assert (dtype_name(j), str(got[0].message).split("\n")[0]) == (
+        dtype_name(t),
+        str(want[0].message).split("\n")[0],
+    )
+    if torch.cuda.is_available() or jm.amp._autocast._cuda_available():
+        return  # the CPU-only behaviour below is what is being compared
+    with pytest.warns(UserWarning) as want:
+        torch.autocast("cuda")
+    with pytest.warns(UserWarning) as got:
+        region = jm.autocast("cuda")
+    assert str(got[0].message) == str(want[0].message)
+    with region:
+        assert not jm.amp.is_autocast_enabled("cuda")
+    with pytest.raises(ValueError, match="'cpu' and 'cuda'"):
+        jm.autocast("tpu")
+
+
+def test_regions_are_per_thread():
+    seen = {}
+
+    def other():
+        seen["enabled"] = jm.amp.is_autocast_enabled("cpu")
+        seen["dtype"] = JF.linear(jnp.ones((1, 2)), jnp.ones((3, 2))).dtype
+
+    with jm.autocast("cpu"):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert jm.amp.is_autocast_enabled("cpu")
+    assert seen == {"enabled": False, "dtype": jnp.float32}
+
+
+def test_cuda_policy_from_torchs_table(monkeypatch):
+    """Ops cast by CUDA's lists (read from torch's header) when JAX computes on a GPU.
+
+    This machine has no GPU: the device type JAX computes on is patched to "cuda"
+    so the CUDA lists are applied; what each op must do is read from the header.
+    """
+    monkeypatch.setattr(_autocast, "_platform", lambda: "cuda")
+    monkeypatch.setattr(_autocast, "_cuda_available", lambda: True)
+    table = _header_table()
+    expect = {"lower": "float16", "fp32": "float32", "fp32_set_opt_dtype": "float32"}
+    x16, x32 = jnp.ones((2, 3), jnp.float16), jnp.ones((2, 3), jnp.float32)
+    calls = {
+        "linear": lambda: JF.linear(x32, jnp.ones((4, 3))),
+        "softmax": lambda: JF.softmax(x16, dim=-1),
+        "log_softmax": lambda: JF.log_softmax(x16, dim=-1),
+        "layer_norm": lambda: JF.layer_norm(x16, (3,)),
+        "group_norm": lambda: JF.group_norm(jnp.ones((2, 4, 3), jnp.float16), 2),
+        "rms_norm": lambda: JF.rms_norm(x16, (3,)),
+        "softplus": lambda: JF.softplus(x16),
+        "mse_loss": lambda: JF.mse_loss(x16, x16),
+        "cosine_similarity": lambda: JF.cosine_similarity(x16, x16),
+        "norm": lambda: JF.normalize(x16),
+        "upsample_nearest2d": lambda: JF.interpolate(jnp.ones((1, 1, 2, 2), jnp.float16), 4),
+        "lstm_cell": lambda: JF.lstm_cell(x32, (jnp.ones((2, 4)),) * 2, *_cell_weights())[0],
+    }
+    with jm.autocast("cuda"):
+        for op, call in calls.items():
+            assert dtype_name(call()) == expect[table[op]], op
+        # promote: the widest floating input; bilinear is on CUDA's promote list
+        out = JF.bilinear(x16, x32, jnp.ones((5, 3, 3), jnp.float16))
+        assert table["bilinear"] == "promote" and out.dtype == jnp.float32
+        # not on CUDA's lists: follows its input (CPU's losses list does not apply)
+        assert "ctc_loss" not in table and JF.relu(x16).dtype == jnp.float16
+
+
+def _cell_weights():
+    return jnp.ones((16, 3)), jnp.ones((16, 4)), jnp.ones(16), jnp.ones(16)
+
+
+def test_compiled_function_traced_outside_autocast_retraces_inside():
+    model = jm.nn.Linear(3, 2)
+    x = jnp.ones((4, 3))
+
+    @jm.compile
+    def forward(m, x):
+        return JF.mse_loss(m(x), jnp.zeros((4, 2))), m(x)
+
+    loss, out = forward(model, x)
+    assert out.dtype == jnp.float32
+    with jm.autocast("cpu"):
+        loss, out = forward(model, x)
+        assert out.dtype == jnp.bfloat16 and loss.dtype == jnp.float32
+        forward(model, x)
+        with jm.autocast("cpu", enabled=False):
+            assert forward(model, x)[1].dtype == jnp.float32
+    assert forward(model, x)[1].dtype == jnp.float32
+    stats = jm.compile_stats(forward)
+    assert stats.num_traces == 2  # one program per autocast state, each reused
+    assert stats.reasons[1] == "autocast changed: off -> cpu bfloat16"
+
+    model.compile()
+    assert model(x).dtype == jnp.float32
+    with jm.autocast("cpu"):
+        assert model(x).dtype == jnp.bfloat16
+    assert model(x).dtype == jnp.float32
+    assert jm.compile_stats(model).num_traces == 2
+
+
+def test_autocast_region_inside_a_compiled_training_step():
+    torch.manual_seed(0)
+    ref, ours = _tiny(torch.nn), _tiny(jm.nn)
+    ours.load_state_dict(ref.state_dict())
+    opt = jm.optim.SGD(ours.parameters(), lr=0.1)
+    t_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    _, _, x, y = _pair()
+
+    @jm.compile
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        with jm.autocast("cpu"):
+            loss = jm.backward(lambda: JF.cross_entropy(model(x), y))
+        opt.step()
+        return loss
+
+    loss = step(ours, opt, jnp.asarray(x), jnp.asarray(y, dtype=jnp.int32))
+    t_opt.zero_grad()
+    _, t_loss = _torch_loss(ref, x, y, amp=True)
+    t_loss.backward()
+    t_opt.step()
+    _, t_loss32 = _torch_loss(ref, x, y, amp=False)
+    assert abs(float(loss) - t_loss.item()) <= abs(t_loss.item() - t_loss32.item())
+    assert all(p.dtype == jnp.float32 for p in ours.parameters())
+
+
+# ----------------------------------------------------------------------------- GradScaler
+
+GRADS = [  # per step: the gradient's multiplier (inf and nan steps are skipped)
+    [1.0, 2.0, 3.0],
+    [np.inf, 1.0, 1.0],
+    [0.5, 0.5, 0.5],
+    [1.0, 1.0, 1.0],
+    [2.0, -2.0, 2.0],
+    [np.nan, 0.0, 0.0],
+    [1.0, -1.0, 1.0],
+    [0.25, 1.0, -1.0],
+]
+# Options exact in float32 (jmodule's optimizers hold them as float32 arrays).
+OPTS = {"SGD": {"lr": 0.125, "momentum": 0.875}, "Adam": {"lr": 0.125, "betas": (0.875, 0.9921875)}}
+
+
+def _torch_run(opt_name, clip):
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64))
+    opt = getattr(torch.optim, opt_name)([w], **OPTS[opt_name])
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=2)
+    trace = []
+    for g in GRADS:
+        opt.zero_grad()
+        scaler.scale((w * w * torch.tensor(g, dtype=torch.float64)).sum()).backward()
+        if clip:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_([w], 1.0)
+        scaler.step(opt)
+        scaler.update()
+        trace.append((w.detach().numpy().copy(), scaler.get_scale(), scaler._get_growth_tracker()))
+    return trace, scaler.state_dict(), opt.state_dict()
+
+
+def _jm_run(opt_name, clip, compiled):
+    model = jm.nn.Module()
+    model.w = jm.nn.Parameter(jnp.array([1.0, -2.0, 3.0], dtype=jnp.float64))
+    opt = getattr(jm.optim, opt_name)(model.parameters(), **OPTS[opt_name])
+    scaler = jm.amp.GradScaler("cpu", init_scale=8.0, growth_interval=2)
+
+    def step(model, opt, scaler, g):
+        opt.zero_grad()
+        jm.backward(lambda: scaler.scale((model.w * model.w * g).sum()))
+        if clip:
+            scaler.unscale_(opt)
+            jm.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+
+    fn = jm.compile(step) if compiled else step
+    trace = []
+    for g in GRADS:
+        fn(model, opt, scaler, jnp.asarray(g, dtype=jnp.float64))
+        trace.append((np.asarray(model.w.data), scaler.get_scale(), scaler._get_growth_tracker()))
+    return trace, scaler.state_dict(), opt.state_dict(), fn
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("clip", [False, True], ids=["step", "unscale_clip_step"])
+@pytest.mark.parametrize("opt_name", list(OPTS))
+def test_grad_scaler_sequence_matches_torch(opt_name, clip, compiled):
+    with jax.enable_x64(True):
+        want, want_sd, want_opt = _torch_run(opt_name, clip)
+        got, got_sd, got_opt, fn = _jm_run(opt_name, clip, compiled)
+    scales = [8.0] + [s for _, s, _ in want]
+    moves = [b / a for a, b in itertools.pairwise(scales)]
+    assert 0.5 in moves and 2.0 in moves  # the run backs off and grows
+    for step, ((w_t, s_t, g_t), (w_j, s_j, g_j)) in enumerate(zip(want, got)):
+        np.testing.assert_allclose(w_j, w_t, rtol=1e-10, atol=1e-12, err_msg=f"step {step}")
+        assert (s_j, g_j) == (s_t, g_t), step
+    assert got_sd == want_sd
+    if opt_name == "Adam":  # steps skipped do not count
+        assert float(got_opt["state"][0]["step"]) == float(want_opt["state"][0]["step"])
+    if compiled:  # the scale is an input: changing it never recompiles
+        assert jm.compile_stats(fn).num_traces == 1
+
+
+def test_grad_scaler_state_dict_round_trips_with_torch():
+    ref = torch.amp.GradScaler("cpu", init_scale=4.0, growth_factor=3.0, growth_interval=7)
+    ours = jm.amp.GradScaler("cpu", init_scale=4.0, growth_factor=3.0, growth_interval=7)
+    assert ours.state_dict() == ref.state_dict()
+    saved = dict(ref.state_dict(), scale=0.5, _growth_tracker=3)
+    ref.load_state_dict(saved)
+    ours.load_state_dict(saved)
+    assert ours.state_dict() == ref.state_dict()
+    assert (ours.get_scale(), ours.get_growth_factor(), ours.get_backoff_factor()) == (
+        ref.get_scale(),
+        ref.get_growth_factor(),
+        ref.get_backoff_factor(),
+    )
+    assert ours.get_growth_interval() == ref.get_growth_interval()
+    assert pickle.loads(pickle.dumps(ours)).state_dict() == ref.state_dict()
+    with pytest.raises(RuntimeError) as want:
+        torch.amp.GradScaler("cpu").load_state_dict({})
+    with pytest.raises(RuntimeError) as got:
+        jm.amp.GradScaler("cpu").load_state_dict({})
+    assert str(got.value) == str(want.value)
+
+
+def test_grad_scaler_disabled_is_a_pass_through():
+    ref = torch.amp.GradScaler("cpu", enabled=False)
+    ours = jm.amp.GradScaler("cpu", enabled=False)
+    w = jm.nn.Parameter(jnp.array([1.0, 2.0]))
+    opt = jm.optim.SGD([w], lr=0.5)
+    loss = jm.backward(lambda: ours.scale((w * w).sum()))
+    ours.unscale_(opt)
+    ours.step(opt)
+    ours.update()
+    np.testing.assert_allclose(np.asarray(w.data), [0.0, 0.0])
+    assert float(loss) == 5.0
+    assert (ours.get_scale(), ours.state_dict(), ours.is_enabled()) == (
+        ref.get_scale(),
+        ref.state_dict(),
+        ref.is_enabled(),
+    )
+
+
+def _misuse(framework, what):
+    nn, optim = (torch.nn, torch.optim) if framework == "torch" else (jm.nn, jm.optim)
+    w = nn.Parameter(torch.ones(2) if framework == "torch" else jnp.ones(2))
+    opt = optim.SGD([w], lr=0.1)
+    scaler = (torch.amp if framework == "torch" else jm.amp).GradScaler("cpu")
+    if framework == "torch":
+        scaler.scale((w * w).sum()).backward()
+    else:
+        jm.backward(lambda: scaler.scale((w * w).sum()))
+    if what == "unscale_twice":
+        scaler.unscale_(opt)
+        scaler.unscale_(opt)
+    elif what == "unscale_after_step":
+        scaler.step(opt)
+        scaler.unscale_(opt)
+    elif what == "step_twice":
+        scaler.step(opt)
+        scaler.step(opt)
+    elif what == "closure":
+        scaler.step(opt, closure=lambda: None)
+    elif what == "update_first":
+        scaler.update()
+
+
+@pytest.mark.parametrize(
+    "what", ["unscale_twice", "unscale_after_step", "step_twice", "closure", "update_first"]
+)
+def test_grad_scaler_misuse_raises_as_torch(what):
+    with pytest.raises(Exception) as want:
+        _misuse("torch", what)
+    with pytest.raises(Exception) as got:
+        _misuse("jm", what)
+    assert (type(got.value), str(got.value)) == (type(want.value), str(want.value))
+
+
+def test_grad_scaler_refuses_float16_gradients_as_torch():
+    def run(framework):
+        if framework == "torch":
+            w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+            opt, scaler = torch.optim.SGD([w], lr=0.1), torch.amp.GradScaler("cpu")
+            scaler.scale((w * w).sum()).backward()
+        else:
+            w = jm.nn.Parameter(jnp.ones(2, jnp.float16))
+            opt, scaler = jm.optim.SGD([w], lr=0.1), jm.amp.GradScaler("cpu")
+            jm.backward(lambda: scaler.scale((w * w).sum()))
+        scaler.unscale_(opt)
+
+    with pytest.raises(ValueError) as want:
+        run("torch")
+    with pytest.raises(ValueError) as got:
+        run("jm")
+    assert str(got.value) == str(want.value)
+
+
+def test_grad_scaler_scale_dtypes_match_torch():
+    ref, ours = torch.amp.GradScaler("cpu"), jm.amp.GradScaler("cpu")
+    for shape in [(), (3,)]:
+        for dtype in ("bfloat16", "float32"):
+            t = ref.scale(torch.ones(shape, dtype=getattr(torch, dtype)))
+            j = ours.scale(jnp.ones(shape, dtype=dtype))
+            assert (dtype_name(j), float(j.ravel()[0])) == (dtype_name(t), float(t.ravel()[0]))
+    pair = ours.scale([jnp.ones(2), jnp.ones(()) * 2])
+    assert isinstance(pair, list) and float(pair[1]) == 2.0**17
+    with pytest.raises(ValueError, match="iterable of Tensors"):
+        ours.scale(3.0)
+
+
+def test_grad_scaler_in_compiled_step_must_be_passed_and_whole():
+    w = jm.nn.Parameter(jnp.ones(2))
+    holder = jm.nn.Module()
+    holder.w = w
+    opt = jm.optim.SGD([w], lr=0.1)
+    scaler = jm.amp.GradScaler("cpu")
+
+    @jm.compile
+    def not_given(model, opt, x):
+        return jm.backward(lambda: scaler.scale((model.w * x).sum()))
+
+    with pytest.raises(RuntimeError, match="Pass the scaler as an argument"):
+        not_given(holder, opt, jnp.ones(2))
+
+    @jm.compile
+    def half(model, opt, scaler, x):
+        opt.zero_grad()
+        jm.backward(lambda: scaler.scale((model.w * x).sum()))
+        scaler.step(opt)
+
+    half(holder, opt, scaler, jnp.ones(2))
+    with pytest.raises(RuntimeError, match="same compiled function"):
+        scaler.update()
+
+    @jm.compile
+    def reads_scale(model, opt, scaler, x):
+        return scaler.get_scale()
+
+    with pytest.raises(RuntimeError, match="outside the compiled step"):
+        reads_scale(holder, opt, jm.amp.GradScaler("cpu"), jnp.ones(2))
