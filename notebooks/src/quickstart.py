@@ -113,6 +113,47 @@ ax.set(xlabel="step", ylabel="training loss", yscale="log")
 plt.show()
 
 # %% [markdown]
+# ## The training toolkit: mixed precision, clipping, schedules, EMA
+# What a PyTorch training loop reaches for, with PyTorch's names, inside one
+# compiled step: `jm.autocast` (bfloat16 matmuls on the CPU, the losses in
+# float32), `jm.nn.utils.clip_grad_norm_`, any `torch.optim` optimizer
+# (here NAdam), a warm-restart schedule, and an exponential moving average of
+# the weights (`jm.optim.swa_utils.AveragedModel`).
+
+# %%
+jm.manual_seed(1)
+toolkit_model = MLP()
+toolkit_opt = jm.optim.NAdam(toolkit_model.parameters(), lr=2e-3)
+restarts = jm.optim.lr_scheduler.CosineAnnealingWarmRestarts(toolkit_opt, T_0=3)
+ema = jm.optim.swa_utils.AveragedModel(
+    toolkit_model, multi_avg_fn=jm.optim.swa_utils.get_ema_multi_avg_fn(0.99), use_buffers=True
+)
+
+
+@jm.compile
+def toolkit_step(model, opt, ema, x, y):
+    opt.zero_grad()
+    with jm.autocast("cpu"):
+        loss = jm.backward(lambda: F.cross_entropy(model(x), y))
+    norm = jm.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    opt.step()
+    ema.update_parameters(model)
+    return loss, norm
+
+
+for epoch in range(6):
+    order = rng.permutation(len(x_train))
+    for start in range(0, len(order) - 63, 64):
+        idx = order[start : start + 64]
+        loss, norm = toolkit_step(toolkit_model, toolkit_opt, ema, x_train[idx], y_train[idx])
+    restarts.step()
+print(
+    f"loss {float(loss):.2f}, gradient norm {float(norm):.2f}, "
+    f"lr now {restarts.get_last_lr()[0]:.5f}, {jm.compile_stats(toolkit_step).num_traces} trace(s)"
+)
+print(f"test accuracy: model {accuracy(toolkit_model):.2f}, EMA {accuracy(ema.module):.2f}")
+
+# %% [markdown]
 # ## Checkpoint with Orbax, and resume
 # `jm.checkpoint.CheckpointManager` keeps numbered steps, saves in the
 # background and restores the latest complete one.
