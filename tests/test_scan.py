@@ -466,3 +466,10 @@ def test_shared_module_with_buffers_raises():
     blocks = jm.nn.ModuleList([jm.nn.Sequential(bn), jm.nn.Sequential(bn)])
     with pytest.raises(RuntimeError, match="share a module with buffers"):
         jm.nn.scan(blocks)(jnp.ones((3, 4)))
+
+
+def test_hooks_of_the_container_raise_at_construction():
+    blocks = jm.nn.ModuleList([jm.nn.Linear(2, 2), jm.nn.Linear(2, 2)])
+    blocks.register_forward_hook(lambda m, a, o: None)
+    with pytest.raises(ValueError, match="register them on the Scan module instead"):
+        jm.nn.scan(blocks)

@@ -197,6 +197,12 @@ class Scan(Module):
     def __init__(self, blocks: Iterable[Module] | Module, *, unroll: int | bool = 1) -> None:
         super().__init__()
         if isinstance(blocks, Module):
+            d = blocks.__dict__
+            if any(d[k] for k in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks")):
+                raise ValueError(
+                    f"jm.nn.scan: the {type(blocks).__name__} has hooks, which the new Scan "
+                    "module would not run; register them on the Scan module instead"
+                )
             named = [(k, m) for k, m in blocks._modules.items() if m is not None]
             self.training = blocks.training
         else:
@@ -478,6 +484,12 @@ def scan(blocks: Iterable[Module] | Module, *, unroll: int | bool = 1) -> Scan:
     = block(x)`` by ``x = self.h(x)``. See :class:`Scan` for what the blocks
     must satisfy (identical structure, output shaped like the input, no
     hooks on the blocks) and the errors otherwise.
+
+    Eagerly (outside any compiled program, ``jm.backward`` included) the
+    blocks run one by one, op by op as PyTorch runs them: nothing is
+    compiled there, so there is no compile time to save. Inside ``jm.compile``,
+    ``model.compile()``, or ``jax.jit`` through ``jm.func.functional_call``,
+    they run as the scan. The requirements below are checked in both cases.
 
     Args:
         blocks: a ``ModuleList`` or ``Sequential`` (or a list) of modules of
