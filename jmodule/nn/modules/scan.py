@@ -474,8 +474,12 @@ def scan(blocks: Iterable[Module] | Module, *, unroll: int | bool = 1) -> Scan:
     ``scan(blocks)(x, *args)`` computes ``for block in blocks: x = block(x,
     *args)``: the same outputs, gradients (each block's ``.grad``), buffer
     updates and dropout draws, but the compiled program holds one block,
-    run once per block over the blocks' stacked state, so tracing and
-    compiling a 48-block model costs about what a 4-block one does.
+    run once per block over the blocks' stacked state. What still grows with
+    depth is each block's parameters' own bookkeeping (one program input,
+    gradient and optimizer update per Parameter, as the contract of
+    per-block Parameters asks): on XLA:CPU a 48-block GPT-style training
+    step with small widths traced and compiled in ~2.1x the time of a
+    4-block one, against ~4x unrolled (``benchmarks/scan.py``).
 
     The blocks stay child modules under their own names, so ``state_dict()``
     keys and values are the unscanned ones and PyTorch weights load
