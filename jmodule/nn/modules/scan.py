@@ -477,9 +477,10 @@ def scan(blocks: Iterable[Module] | Module, *, unroll: int | bool = 1) -> Scan:
     run once per block over the blocks' stacked state. What still grows with
     depth is each block's parameters' own bookkeeping (one program input,
     gradient and optimizer update per Parameter, as the contract of
-    per-block Parameters asks): on XLA:CPU a 48-block GPT-style training
-    step with small widths traced and compiled in ~2.1x the time of a
-    4-block one, against ~4x unrolled (``benchmarks/scan.py``).
+    per-block Parameters asks): on a shared 2-core XLA:CPU host a 48-block
+    GPT-style training step with small widths traced and compiled in 2.1x
+    to 2.6x the time of a 4-block one (unrolled: 2.7x to 5.6x; noisy, see
+    ``benchmarks/scan.py``).
 
     The blocks stay child modules under their own names, so ``state_dict()``
     keys and values are the unscanned ones and PyTorch weights load
