@@ -119,6 +119,7 @@ from jmodule.nn.modules import RNNBase as RNNBase
 from jmodule.nn.modules import RNNCell as RNNCell
 from jmodule.nn.modules import RNNCellBase as RNNCellBase
 from jmodule.nn.modules import RReLU as RReLU
+from jmodule.nn.modules import Scan as Scan
 from jmodule.nn.modules import Sequential as Sequential
 from jmodule.nn.modules import Sigmoid as Sigmoid
 from jmodule.nn.modules import SiLU as SiLU
@@ -155,5 +156,6 @@ from jmodule.nn.modules import (
 from jmodule.nn.modules import (
     register_module_forward_pre_hook as register_module_forward_pre_hook,
 )
+from jmodule.nn.modules.scan import scan as scan
 from jmodule.nn.parameter import Buffer as Buffer
 from jmodule.nn.parameter import Parameter as Parameter

@@ -141,6 +141,7 @@ from jmodule.nn.modules.rnn import LSTMCell as LSTMCell
 from jmodule.nn.modules.rnn import RNNBase as RNNBase
 from jmodule.nn.modules.rnn import RNNCell as RNNCell
 from jmodule.nn.modules.rnn import RNNCellBase as RNNCellBase
+from jmodule.nn.modules.scan import Scan as Scan
 from jmodule.nn.modules.sparse import Embedding as Embedding
 from jmodule.nn.modules.sparse import EmbeddingBag as EmbeddingBag
 from jmodule.nn.modules.syncbatchnorm import SyncBatchNorm as SyncBatchNorm

@@ -12,6 +12,7 @@ import jax
 
 from jmodule._lowering import state
 from jmodule.nn.modules.module import Module, _indent
+from jmodule.nn.modules.scan import Scan
 from jmodule.nn.parameter import Parameter
 
 __all__ = ["ModuleDict", "ModuleList", "ParameterDict", "ParameterList", "Sequential"]
@@ -247,6 +248,19 @@ class ModuleList(Module):
 
     def __dir__(self) -> list[str]:
         return [k for k in super().__dir__() if not k.isdigit()]
+
+    def scan(self, *, unroll: int | bool = 1) -> Scan:
+        """These blocks as one :class:`~jmodule.nn.Scan` module: ``jm.nn.scan(self)``.
+
+        Not in PyTorch. The blocks (structurally identical) run as one
+        ``jax.lax.scan`` in compiled code; see :func:`jmodule.nn.scan`.
+
+        >>> from jmodule import nn
+        >>> h = nn.ModuleList([nn.Linear(2, 2) for _ in range(4)]).scan()
+        >>> type(h).__name__, len(h)
+        ('Scan', 4)
+        """
+        return Scan(self, unroll=unroll)
 
 
 class ModuleDict(Module):
