@@ -30,6 +30,8 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/threads.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/sharding.py
+	$(PY) benchmarks/conv.py
+	$(PY) benchmarks/scan.py
 	$(PY) benchmarks/readme_table.py
 
 lint: $(VENV)/.test-installed
