@@ -115,7 +115,11 @@ def _accumulate(rec: _recorder.Recorder, grads: dict[int, Any] | None, zeroed: A
             if fresh:
                 p.grad = None
             continue
-        if isinstance(g, jax.core.Tracer) and not state.is_bound(p.__dict__):
+        if (
+            isinstance(g, jax.core.Tracer)
+            and state.local.recorder is None  # not inside another gradient's trial (step)
+            and not state.is_bound(p.__dict__)
+        ):
             raise TracerLeakError(UNBOUND_GRAD_HELP.format(shape=tuple(p.shape)))
         g = g.astype(p.dtype) if g.dtype != p.dtype else g
         p.grad = g if fresh or p.grad is None else p.grad + g

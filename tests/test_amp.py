@@ -667,3 +667,24 @@ def test_grad_scaler_in_compiled_step_must_be_passed_and_whole():
 
     with pytest.raises(RuntimeError, match="outside the compiled step"):
         reads_scale(holder, opt, jm.amp.GradScaler("cpu"), jnp.ones(2))
+
+
+def test_a_layer_first_called_inside_autocast_is_exact_outside_it():
+    """Eager programs traced inside a region are not served outside it.
+
+    JAX caches traces by function: a program traced inside ``jm.autocast``
+    (bfloat16 casts included) was served to the same layer's calls after the
+    region, which then computed in bfloat16. A shape no other test uses makes
+    the first trace happen inside the region here.
+    """
+    torch.manual_seed(0)
+    ref, ours = torch.nn.MultiheadAttention(8, 2), jm.nn.MultiheadAttention(8, 2)
+    ours.load_state_dict(ref.state_dict())
+    x = np.random.default_rng(5).standard_normal((3, 7, 8)).astype(np.float32)
+    with jm.autocast("cpu"):
+        assert ours(jnp.asarray(x), jnp.asarray(x), jnp.asarray(x))[0].dtype == jnp.bfloat16
+    got = ours(jnp.asarray(x), jnp.asarray(x), jnp.asarray(x))[0]
+    with torch.no_grad():
+        want = ref(*[torch.from_numpy(x)] * 3)[0].numpy()
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

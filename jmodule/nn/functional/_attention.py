@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from jmodule import random as _random
 from jmodule.nn.functional._basic import linear
-from jmodule.nn.functional._utils import autocast, compute_dtype
+from jmodule.nn.functional._utils import autocast, compute_dtype, region_jit
 from jmodule.nn.parameter import as_array
 
 __all__ = ["multi_head_attention_forward", "scaled_dot_product_attention"]
@@ -174,7 +174,7 @@ def _sdpa(
 
 # One compiled program per configuration, so eager calls (and eager gradients)
 # do not dispatch and compile each small operation separately.
-_sdpa_jit = jax.jit(_sdpa, static_argnames=("dropout_p", "is_causal", "scale"))
+_sdpa_jit = region_jit(_sdpa, static_argnames=("dropout_p", "is_causal", "scale"))
 
 
 def _canonical_mask(mask: Any, name: str, compute: Any) -> jax.Array | None:
@@ -523,4 +523,4 @@ _MHA_STATIC = (
     "is_causal",
     "batched",
 )
-_mha_jit = jax.jit(_mha, static_argnames=_MHA_STATIC)
+_mha_jit = region_jit(_mha, static_argnames=_MHA_STATIC)

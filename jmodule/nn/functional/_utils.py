@@ -73,6 +73,40 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+def region_jit(fn: Callable, **jit_kwargs: Any) -> Callable:
+    """``jax.jit(fn, **jit_kwargs)``, one per ``jm.autocast`` state (see :func:`jit`).
+
+    For compiled helpers that call autocast-aware ops: a program traced inside
+    a region carries its casts, and jax.jit's cache does not see the region.
+    """
+    compiled_for: dict[Any, Callable] = {None: jax.jit(fn, **jit_kwargs)}
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        region = _state.local.autocast
+        compiled = compiled_for.get(region)
+        if compiled is None:
+            compiled = compiled_for.setdefault(region, _region_program(fn, jit_kwargs))
+        return compiled(*args, **kwargs)
+
+    return call
+
+
+def _region_program(fn: Callable, jit_kwargs: dict) -> Callable:
+    """``jax.jit`` of a fresh wrapper of ``fn``, for one autocast region.
+
+    A fresh function object, because JAX caches traces by the function traced
+    (across ``jax.jit`` objects): a second ``jax.jit(fn)`` would reuse the
+    trace made in another region, casts and all.
+    """
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return jax.jit(traced, **jit_kwargs)
+
+
 def jit(
     *static: str, autocast: str | Callable[[dict], str | None] | None = None
 ) -> Callable[[Callable], Callable]:
@@ -90,7 +124,10 @@ def jit(
     """
 
     def decorate(fn: Callable) -> Callable:
-        compiled = jax.jit(fn, static_argnames=static)
+        # One jax.jit per autocast state: ``fn`` may call other autocast-aware ops,
+        # whose casts a program traced inside a region would otherwise carry into
+        # calls outside it (jax.jit's cache does not see ``state.local.autocast``).
+        compiled_for = {None: jax.jit(fn, static_argnames=static)}
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
@@ -109,6 +146,11 @@ def jit(
                 if op is not None:
                     cast = _amp.cast(op, *(bound.arguments[n] for n in arrays))
                     bound.arguments.update(zip(arrays, cast))
+            region = _state.local.autocast
+            compiled = compiled_for.get(region)
+            if compiled is None:
+                program = _region_program(fn, {"static_argnames": static})
+                compiled = compiled_for.setdefault(region, program)
             return compiled(*bound.args, **bound.kwargs)
 
         return call

@@ -213,7 +213,7 @@ def fuse_linear_bn_weights(
     >>> w, b = jm.nn.utils.fuse_linear_bn_weights(
     ...     jnp.ones((2, 3)), None, jnp.zeros(2), jnp.full(2, 3.0), 1.0, jnp.ones(2), jnp.ones(2)
     ... )
-    >>> w.round(4), b
+    >>> w.round(decimals=4), b
     (Array([[0.5, 0.5, 0.5],
            [0.5, 0.5, 0.5]], dtype=float32), Parameter containing:
     Array([1., 1.], dtype=float32))
