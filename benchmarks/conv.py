@@ -36,63 +36,16 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import harness
+from test_resnet import resnet18  # the tests' ResNet-18, here at torchvision's widths
 
 import jmodule as jm
 from jmodule.nn import functional as F
 from jmodule.nn.functional import _conv_lowering
 
 WIDTHS = (64, 128, 256, 512)
-
-
-def resnet18(nn, num_classes: int = 10):
-    """torchvision's ResNet-18, written once for ``torch.nn`` or ``jm.nn``."""
-
-    class BasicBlock(nn.Module):
-        def __init__(self, inplanes, planes, stride=1):
-            super().__init__()
-            self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(planes)
-            self.relu = nn.ReLU(inplace=True)
-            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(planes)
-            self.downsample = None
-            if stride != 1 or inplanes != planes:
-                self.downsample = nn.Sequential(
-                    nn.Conv2d(inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes)
-                )
-
-        def forward(self, x):
-            identity = x if self.downsample is None else self.downsample(x)
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            return self.relu(out + identity)
-
-    class ResNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, WIDTHS[0], 7, 2, 3, bias=False)
-            self.bn1 = nn.BatchNorm2d(WIDTHS[0])
-            self.relu = nn.ReLU(inplace=True)
-            self.maxpool = nn.MaxPool2d(3, 2, 1)
-            inplanes, layers = WIDTHS[0], []
-            for i, planes in enumerate(WIDTHS):
-                stride = 1 if i == 0 else 2
-                layers.append(
-                    nn.Sequential(BasicBlock(inplanes, planes, stride), BasicBlock(planes, planes))
-                )
-                inplanes = planes
-            self.layer1, self.layer2, self.layer3, self.layer4 = layers
-            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-            self.fc = nn.Linear(WIDTHS[-1], num_classes)
-
-        def forward(self, x):
-            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-            return self.fc(self.avgpool(x).reshape(x.shape[0], -1))
-
-    return ResNet()
 
 
 def conv_shapes(size: int) -> list[tuple[int, int, int, int, int, int]]:
@@ -194,10 +147,10 @@ def main() -> None:
 
     # ------------------------------------------------------------------ the training step
     torch.manual_seed(0)
-    tmodel = resnet18(torch.nn)
+    tmodel = resnet18(torch.nn, widths=WIDTHS)
     models = {}
     for name in ("jm", "jm, lax.conv everywhere"):
-        m = resnet18(jm.nn)
+        m = resnet18(jm.nn, widths=WIDTHS)
         m.load_state_dict(tmodel.state_dict())
         models[name] = m
     x = rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32)

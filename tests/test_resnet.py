@@ -18,8 +18,12 @@ WIDTHS = (16, 32, 64, 128)  # torchvision: (64, 128, 256, 512)
 RTOL, ATOL = 1e-4, 1e-4
 
 
-def resnet18(nn, num_classes=10):
-    """torchvision's ResNet-18, written once; ``nn`` is ``torch.nn`` or ``jm.nn``."""
+def resnet18(nn, num_classes=10, widths=WIDTHS):
+    """torchvision's ResNet-18, written once; ``nn`` is ``torch.nn`` or ``jm.nn``.
+
+    ``widths``: the four stages' channels (torchvision's: ``(64, 128, 256, 512)``;
+    ``benchmarks/conv.py`` builds that one).
+    """
 
     class BasicBlock(nn.Module):
         def __init__(self, inplanes, planes, stride=1):
@@ -44,12 +48,12 @@ def resnet18(nn, num_classes=10):
     class ResNet(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(3, WIDTHS[0], 7, 2, 3, bias=False)
-            self.bn1 = nn.BatchNorm2d(WIDTHS[0])
+            self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(widths[0])
             self.relu = nn.ReLU(inplace=True)
             self.maxpool = nn.MaxPool2d(3, 2, 1)
-            inplanes, layers = WIDTHS[0], []
-            for i, planes in enumerate(WIDTHS):
+            inplanes, layers = widths[0], []
+            for i, planes in enumerate(widths):
                 stride = 1 if i == 0 else 2
                 layers.append(
                     nn.Sequential(BasicBlock(inplanes, planes, stride), BasicBlock(planes, planes))
@@ -57,7 +61,7 @@ def resnet18(nn, num_classes=10):
                 inplanes = planes
             self.layer1, self.layer2, self.layer3, self.layer4 = layers
             self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-            self.fc = nn.Linear(WIDTHS[-1], num_classes)
+            self.fc = nn.Linear(widths[-1], num_classes)
 
         def forward(self, x):
             x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
