@@ -124,10 +124,8 @@ def jit(
     """
 
     def decorate(fn: Callable) -> Callable:
-        # One jax.jit per autocast state: ``fn`` may call other autocast-aware ops,
-        # whose casts a program traced inside a region would otherwise carry into
-        # calls outside it (jax.jit's cache does not see ``state.local.autocast``).
-        compiled_for = {None: jax.jit(fn, static_argnames=static)}
+        # One program per autocast state (``fn`` may call other autocast-aware ops).
+        compiled = region_jit(fn, static_argnames=static)
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
@@ -146,11 +144,6 @@ def jit(
                 if op is not None:
                     cast = _amp.cast(op, *(bound.arguments[n] for n in arrays))
                     bound.arguments.update(zip(arrays, cast))
-            region = _state.local.autocast
-            compiled = compiled_for.get(region)
-            if compiled is None:
-                program = _region_program(fn, {"static_argnames": static})
-                compiled = compiled_for.setdefault(region, program)
             return compiled(*bound.args, **bound.kwargs)
 
         return call
