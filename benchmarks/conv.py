@@ -4,8 +4,8 @@ XLA's CPU convolution is slow on small maps with many channels, so jmodule
 lowers a convolution whose output map has at most
 ``_conv_lowering.MATMUL_MAX_OUTPUT`` positions as im2col + one matmul (see
 ``jmodule/nn/functional/_conv_lowering.py``). Measured here, in paired rounds
-(every contestant once per round, the order rotating; figures are medians
-of the per-round ratios):
+(every contestant once per round, in every order in turn; per shape at least 18
+rounds of 10 calls; figures are medians of the per-round ratios):
 
 * per convolution shape of torchvision's ResNet-18 (batch 4, 64x64 input),
   forward+backward: plain ``jax.jit`` of ``lax.conv_general_dilated``, jm's
@@ -62,12 +62,13 @@ def conv_shapes(size: int) -> list[tuple[int, int, int, int, int, int]]:
 def paired(contestants: dict, rounds: int, calls: int) -> dict[str, list[float]]:
     """Milliseconds per call (latency regime) of each contestant, one entry per round."""
     for fn in contestants.values():
-        for _ in range(2):
+        for _ in range(5):
             jax.block_until_ready(fn())
     times = {name: [] for name in contestants}
     names = list(contestants)
+    orders = list(itertools.permutations(names))  # each contestant after each other one
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in orders[r % len(orders)]:
             t0 = time.perf_counter()
             for _ in range(calls):
                 jax.block_until_ready(contestants[name]())
@@ -109,8 +110,8 @@ def bench_shape(shape: tuple, batch: int, rounds: int, rng, tables: dict, checks
 
     times = paired(
         {"lax": lambda: lax_step(x, w), "jm": lambda: jm_step(x, w), "torch": torch_step},
-        rounds,
-        calls=3,
+        6 * max(3, -(-rounds // 6)),  # every order of the three equally often
+        calls=10,
     )
     name = f"{cin}->{cout} {side}x{side} k{k} s{s}"
     med = {n: statistics.median(v) for n, v in times.items()}

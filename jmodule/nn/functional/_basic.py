@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -93,19 +94,22 @@ def batch_norm_update(
     batch mean and the unbiased batch variance.
     """
     x = as_array(input)
-    axes = tuple(i for i in range(x.ndim) if i != 1)
     shape = [1] * x.ndim
     shape[1] = x.shape[1]
     compute = jnp.promote_types(x.dtype, jnp.float32)
     xc = x.astype(compute)
+    w = None if weight is None else as_array(weight).astype(compute)
+    b = None if bias is None else as_array(bias).astype(compute)
     if training:
-        mean = jnp.mean(xc, axis=axes)
-        var = jnp.mean(jnp.square(xc - mean.reshape(shape)), axis=axes)
         n = x.size // x.shape[1]
         if n <= 1:
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input size {x.shape}"
             )
+        ones = jnp.ones(x.shape[1], compute)
+        out, mean, var = _batch_norm_training(
+            float(eps), xc, ones if w is None else w, ones * 0 if b is None else b
+        )
         if running_mean is not None:
             rm = as_array(running_mean)
             rv = as_array(running_var)
@@ -113,15 +117,58 @@ def batch_norm_update(
             running_mean = ((1 - m) * rm + m * jax.lax.stop_gradient(mean)).astype(rm.dtype)
             unbiased = jax.lax.stop_gradient(var) * (n / (n - 1))
             running_var = ((1 - m) * rv + m * unbiased).astype(rv.dtype)
-    else:
-        mean = as_array(running_mean).astype(compute)
-        var = as_array(running_var).astype(compute)
+        return out.astype(x.dtype), running_mean, running_var
+    mean = as_array(running_mean).astype(compute)
+    var = as_array(running_var).astype(compute)
     out = (xc - mean.reshape(shape)) * jax.lax.rsqrt(var.reshape(shape) + eps)
-    if weight is not None:
-        out = out * as_array(weight).astype(compute).reshape(shape)
-    if bias is not None:
-        out = out + as_array(bias).astype(compute).reshape(shape)
+    if w is not None:
+        out = out * w.reshape(shape)
+    if b is not None:
+        out = out + b.reshape(shape)
     return out.astype(x.dtype), running_mean, running_var
+
+
+def _batch_statistics(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-channel mean and biased variance over every axis but 1 (two passes)."""
+    axes = (0, *range(2, x.ndim))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    return mean, jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _batch_norm_training(
+    eps: float, x: jax.Array, w: jax.Array, b: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Training-mode batch norm: ``(output, batch mean, biased batch variance)``.
+
+    The derivative is written out (a custom JVP) rather than traced through
+    the statistics: its transpose, the gradient, then takes the textbook
+    two reductions per channel and one elementwise pass. Differentiating
+    through ``mean`` and ``var`` made a ResNet-18 training step on the CPU
+    ~10% slower. Forward mode and higher derivatives work as usual.
+    """
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    mean, var = _batch_statistics(x)
+    out = (x - mean) * jax.lax.rsqrt(var + eps) * w.reshape(shape) + b.reshape(shape)
+    return out, mean.reshape(-1), var.reshape(-1)
+
+
+@_batch_norm_training.defjvp
+def _batch_norm_training_jvp(eps: float, primals: tuple, tangents: tuple) -> tuple:
+    x, w, b = primals
+    tx, tw, tb = tangents
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    axes = (0, *range(2, x.ndim))
+    mean, var = _batch_statistics(x)
+    inv = jax.lax.rsqrt(var + eps)
+    centered = x - mean
+    xhat = centered * inv
+    t_mean = jnp.mean(tx, axis=axes, keepdims=True)
+    t_var = 2 * jnp.mean(tx * centered, axis=axes, keepdims=True)
+    t_xhat = inv * (tx - t_mean - xhat * jnp.mean(tx * xhat, axis=axes, keepdims=True))
+    t_out = t_xhat * w.reshape(shape) + xhat * tw.reshape(shape) + tb.reshape(shape)
+    # the primal through the function itself, so that its derivative is this rule again
+    return _batch_norm_training(eps, x, w, b), (t_out, t_mean.reshape(-1), t_var.reshape(-1))
 
 
 def batch_norm(
