@@ -2,9 +2,14 @@
 ``torch.nn.functional``.
 
 Windows run over the trailing 1, 2 or 3 dimensions of ``(N, C, *spatial)``
-(or unbatched ``(C, *spatial)``) input. Max and average pooling lower to
-``jax.lax.reduce_window``; the gradient of a max goes to the first maximum
-of each window, as PyTorch's does. Indices (``return_indices=True``) are
+(or unbatched ``(C, *spatial)``) input. Max pooling over windows of up to
+:data:`TAP_LIMIT` elements runs PyTorch's own loop over each window (one
+strided slice per window element), so values, indices and gradients pick
+the element PyTorch picks: the first maximum, the last NaN, the first
+element inside the input of an all ``-inf`` window; its gradient is one
+scatter-add. Larger max windows and average pooling lower to
+``jax.lax.reduce_window`` (the gradient of a max goes to the first
+maximum). Indices (``return_indices=True``) are
 flat positions within each input plane, as PyTorch's, with JAX's default
 integer dtype (int32 unless x64 is enabled; PyTorch returns int64);
 ``max_unpool*d`` takes them back (any integer dtype).
