@@ -211,7 +211,7 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
     # a jm.backward there (an Optimizer.step(closure) trial stops differentiating; an
     # enclosing trace notes it runs one): said before the call once known, and after
     # the call that traced it, its Python having said it inside.
-    known = plan.key in program.backward
+    known = bool(program.backward) and plan.key in program.backward  # no key hashed: none ran one
     if known:
         _recorder.note_backward((args, kwargs), program.name)
     rec = local.recorder
@@ -224,7 +224,7 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
         out = _program.call_recorded(program, plan, args, kwargs)
     else:  # inside another program's trace, which holds the locks
         out = run(program, plan, args, kwargs)
-    if not known and plan.key in program.backward:
+    if not known and program.backward and plan.key in program.backward:
         _recorder.note_backward((args, kwargs), program.name)
     return out
 
