@@ -20,14 +20,17 @@ from jmodule._lowering.state import Slot
 
 
 class GradWatch:
-    """Which ``.grad`` slots a trace reads before writing (see ``Parameter.grad``)."""
+    """What a trace does with gradients: which ``.grad`` slots it reads before
+    writing (see ``Parameter.grad``), and whether it runs a ``jm.backward``."""
 
-    __slots__ = ("reads", "watched", "written")
+    __slots__ = ("backward", "reads", "watched", "written")
 
     def __init__(self, watched: dict[int, int]):
         self.watched = watched  # id(param.__dict__) -> slot index
         self.reads: set[int] = set()
         self.written: set[int] = set()
+        #: A ``jm.backward`` ran in the trace (``recorder.note_backward``).
+        self.backward = False
 
 
 class TracerLeakError(RuntimeError):

@@ -29,6 +29,7 @@ from jmodule import random as _random
 from jmodule._lowering import errors as _errors
 from jmodule._lowering import hooks as _hooks
 from jmodule._lowering import program as _program
+from jmodule._lowering import recorder as _recorder
 from jmodule._lowering import state, structure
 from jmodule._lowering.arguments import wrap_leaf
 from jmodule._lowering.program import Plan, Program
@@ -200,14 +201,31 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
     if code is not None and code.changed() is not None:
         program.stale(plan)
     local = state.local
-    if local.recorder is not None:  # inside jm.backward: differentiate through the program
-        return _program.call_recorded(program, plan, args, kwargs)
     run = _program.call_donating if donate else _program.call
-    if local.bound:  # inside another program's trace, which holds the locks
-        return run(program, plan, args, kwargs)
-    with plan.guard:
+    if local.recorder is None and not local.bound:
+        with plan.guard:
+            out = run(program, plan, args, kwargs)
+            _learned(program, plan)
+        return out
+    # Inside a gradient or another program's trace, a program that runs jm.backward is
+    # a jm.backward there (an Optimizer.step(closure) trial stops differentiating; an
+    # enclosing trace notes it runs one): said before the call once known, and after
+    # the call that traced it, its Python having said it inside.
+    known = bool(program.backward) and plan.key in program.backward  # no key hashed: none ran one
+    if known:
+        _recorder.note_backward((args, kwargs), program.name)
+    rec = local.recorder
+    if rec is not None and rec.nested:
+        # A PyTorch-style step closure differentiates nothing: its compiled calls run
+        # as they would outside it (the same programs, donating, under its locks).
+        with _recorder.outside(rec):
+            return _run_plan(program, plan, donate, args, kwargs)
+    if rec is not None:  # inside jm.backward: differentiate through the program
+        out = _program.call_recorded(program, plan, args, kwargs)
+    else:  # inside another program's trace, which holds the locks
         out = run(program, plan, args, kwargs)
-        _learned(program, plan)
+    if not known and program.backward and plan.key in program.backward:
+        _recorder.note_backward((args, kwargs), program.name)
     return out
 
 

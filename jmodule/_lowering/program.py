@@ -214,6 +214,9 @@ class Program:
         self.grad_unread: dict[Any, frozenset[int]] = {}
         #: Per structure key, every slot a trace of it has written.
         self.writes: dict[Any, frozenset[int]] = {}
+        #: The structure keys whose trace ran a ``jm.backward``: to a gradient or trace
+        #: around a call, the call is one (``recorder.note_backward``), traced or not.
+        self.backward: set[Any] = set()
         #: ``(id(container), "grad")`` of the gradient slots the latest trace overwrote
         #: unread: the guess for a new structure key (a training step whose structure
         #: changed still zeroes its gradients first), checked by its first trace.
@@ -286,6 +289,7 @@ class Program:
                 if f is not None
             )
             self._last_sig.pop(key, None)
+            self.backward.discard(key)
             self._replay = {s: r for s, r in self._replay.items() if s[0] != key}
             self._pending_reason = code.reason or "the Python the program ran changed"
             self._infos = None
@@ -426,6 +430,8 @@ class Program:
         finally:
             local.watch = outer
         self.writes[key] = self.writes.get(key, frozenset()) | frozenset(idx)
+        if watch.backward:
+            self.backward.add(key)
         # Gradient slots the function never read before overwriting: their
         # incoming value is irrelevant, so calls pass None there and the first
         # call (grads None) and later ones (grads set) share one program.
@@ -496,11 +502,15 @@ def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = N
         n = len(indices)
         for j, members in enumerate(changed.packs):
             flat = values[n + j]
+            owned = recorder is not None and recorder.owns(flat)
             for i, start, size, shape in members:
                 c, k = slots[i]
-                if recorder is not None and recorder.owns(flat):
+                packed = state.PackedGrad(flat, start, size, shape)
+                if owned:  # sliced now: the gradient returns its primal value, an array
                     recorder.note_write(c, k)
-                c[k] = state.PackedGrad(flat, start, size, shape)
+                    c[k] = packed.materialize()
+                else:
+                    c[k] = packed
 
 
 def _run_jitted(

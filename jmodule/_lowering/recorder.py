@@ -22,9 +22,10 @@ it becomes part of the program.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -84,6 +85,8 @@ class Recorder:
         self.step_closure = step_closure
         #: A jm.backward ran inside (only for step closures): stop differentiating.
         self.nested = False
+        #: The recorder active when this one started (see :func:`outside`).
+        self.outer: Recorder | None = state.local.recorder
         #: Per tapped parameter, by id: ``(parameter, its value before, tap index)``.
         self.tapped: dict[int, tuple[Any, Any, int]] = {}
         #: Cotangents by tap index (filled when the VJP runs).
@@ -167,6 +170,18 @@ class Recorder:
         return new
 
 
+@contextlib.contextmanager
+def outside(rec: Recorder) -> Iterator[None]:
+    """Run the block as if ``rec`` had not started: its enclosing recorder and trace."""
+    local = state.local
+    local.recorder = rec.outer
+    try:
+        with _jax_core.set_current_trace(rec.trace.parent_trace):
+            yield
+    finally:
+        local.recorder = rec
+
+
 def active() -> Recorder | None:
     """This thread's innermost gradient recorder, or None."""
     return state.local.recorder
@@ -189,6 +204,10 @@ def differentiate(
     """
     outer = state.local.recorder
     box: list[Recorder] = []
+    #: ``(container, key)`` of the recorded writes: only their values pass through
+    #: ``jax.vjp`` (a dict in its output would come back as a copy: a parameter's
+    #: ``__dict__`` holding a ``.grad`` a compiled call wrote is one).
+    where: list[tuple[dict, str]] = []
 
     def f(z: Any) -> tuple[Any, tuple[Any, list]]:
         rec = Recorder(z, only, step_closure)
@@ -200,7 +219,9 @@ def differentiate(
             ok = True
         finally:
             state.local.recorder = outer
-            writes = rec.finish(ok)
+            new = rec.finish(ok)
+        where.extend((container, key) for container, key, _ in new)
+        writes = [v for _, _, v in new]
         loss, aux = out if has_aux else (out, None)
         loss = state.value(loss)
         if not rec.nested and (not isinstance(loss, jax.Array) or loss.shape != ()):
@@ -213,7 +234,7 @@ def differentiate(
     z0 = jnp.zeros((), jnp.float32)
     loss, vjp_fn, (aux, writes) = jax.vjp(f, z0, has_aux=True)
     rec = box[0]
-    for container, key, v in writes:
+    for (container, key), v in zip(where, writes):
         container[key] = v
     if rec.nested:
         return loss, aux, rec, None
@@ -222,14 +243,49 @@ def differentiate(
     return loss, aux, rec, rec.grads
 
 
-def note_backward() -> None:
-    """A ``jm.backward`` is starting: an enclosing step-closure trial becomes PyTorch style."""
+STEP_ARGUMENT_HELP = (
+    "The closure given to Optimizer.step() computed with parameters before it called "
+    "{name}, a compiled function that runs jm.backward, and passed it a value that depends on "
+    "them (an argument of shape {shape}). The program's jm.backward would treat that value as "
+    "a constant, which PyTorch does not. Compute it inside the compiled function, in the "
+    "function given to jm.backward: `loss = jm.backward(lambda: loss_fn(model(x), y))`."
+)
+
+
+def note_backward(inputs: Any = None, name: str = "") -> None:
+    """A ``jm.backward`` is starting, or a compiled program whose trace ran one is called.
+
+    The compiled program being traced here, if any, notes that it runs one
+    (``Program.backward``: its later calls report it here, although its
+    Python no longer runs). An enclosing step-closure trial becomes PyTorch
+    style: what it read so far is not differentiated. A parameter bound by a
+    trace that started inside the trial (a compiled call's, which gets the
+    tapped value back when it ends) keeps its tap until the trace is over: its
+    slot holds the trace's value, not the trial's, and the trace would bake
+    the parameter's value into its program as a constant. The compiled call
+    calls this again when it returns (``compiled._run_plan``).
+
+    Args:
+        inputs: a compiled call's arguments: one that depends on what an
+            enclosing step-closure trial read is an error.
+        name: the compiled function's name, for that error.
+
+    Raises:
+        RuntimeError: an argument of the compiled call depends on the trial's reads.
+    """
+    watch = state.local.watch
+    if watch is not None:
+        watch.backward = True
     rec = state.local.recorder
-    if rec is not None and rec.step_closure and not rec.nested:
+    if rec is not None and rec.step_closure:
+        for x in jax.tree_util.tree_leaves(inputs):
+            if rec.owns(x):
+                raise RuntimeError(STEP_ARGUMENT_HELP.format(name=name, shape=tuple(x.shape)))
         rec.nested = True
-        for cell, old, _ in rec.tapped.values():  # what it read so far is not differentiated
-            state.assign(cell, old)
-        rec.tapped.clear()
+        for cid, (cell, old, _) in list(rec.tapped.items()):
+            if not state.bound_since(cell.__dict__, rec.depth):
+                state.assign(cell, old)
+                del rec.tapped[cid]
 
 
 # ----------------------------------------------------------------------------- backward hooks

@@ -40,6 +40,11 @@ COMPILE_HELP = (
     "cannot branch on values. Call opt.step(closure) outside the compiled function (it then "
     "runs eagerly, the closure evaluated as often as PyTorch evaluates it)."
 )
+ARGUMENT_HELP = (
+    " So an LBFGS optimizer cannot be an argument of a compiled function either; to zero its "
+    "gradients inside one (a compiled closure), call model.zero_grad() there: the same .grad "
+    "slots."
+)
 
 
 def _cubic_interpolate(
@@ -394,7 +399,7 @@ class LBFGS(TorchOptimizer):
     # ------------------------------------------------------------------ the rest of the interface
 
     def _jm_describe(self) -> Any:
-        raise RuntimeError(COMPILE_HELP)
+        raise RuntimeError(COMPILE_HELP + ARGUMENT_HELP)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
         return ()

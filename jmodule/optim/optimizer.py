@@ -277,10 +277,30 @@ class Optimizer:
                 loss is differentiated for you, as ``opt.zero_grad()`` then
                 ``jm.backward(closure)`` would (once, in one pass). Which kind
                 it is shows while it runs: one that calls ``jm.backward``
-                (under any name, at any depth) is PyTorch style.
+                (under any name, at any depth, or inside a ``jm.compile``'d
+                function it calls) is PyTorch style.
 
         Returns:
             The closure's loss, or None without a closure.
+
+        Raises:
+            RuntimeError: a PyTorch-style closure computed with the
+                parameters before its ``jm.backward`` and the gradients
+                depend on that (PyTorch would differentiate it, jmodule
+                cannot), including a value passed to a compiled function
+                that runs ``jm.backward``.
+
+        >>> import jax.numpy as jnp
+        >>> import jmodule as jm
+        >>> model = jm.nn.Linear(2, 1)
+        >>> opt = jm.optim.SGD(model.parameters(), lr=0.1)
+        >>> fwd_bwd = jm.compile(lambda m, x: jm.backward(lambda: (m(x) ** 2).mean()))
+        >>> def closure():
+        ...     opt.zero_grad()
+        ...     return fwd_bwd(model, jnp.ones((4, 2)))
+        >>> losses = [float(opt.step(closure)) for _ in range(3)]
+        >>> losses[2] < losses[1] < losses[0]
+        True
         """
         loss = None
         if closure is not None:
