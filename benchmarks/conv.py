@@ -18,6 +18,13 @@ rounds of 10 calls; figures are medians of the per-round ratios):
   matmul form switched off (every convolution on ``lax.conv``, as before).
   Figure: jm / PyTorch eager, target <= 1.0.
 
+  Measured on the 2-core host (December 2026): the step with every convolution
+  on ``lax.conv`` runs about as fast as with the rule (0.8-1.05x PyTorch across
+  runs, as the rule's 0.9-1.1x): the isolated-shape wins of the matmul form do
+  not carry over into the whole step. What brought the step under PyTorch's
+  time was max pooling's gradient (a gather; it was XLA's select-and-scatter)
+  and batch norm's written-out derivative.
+
 Run: ``.venv/bin/python benchmarks/conv.py [--rounds 5] [--batch 4] [--size 64]``
 """
 
