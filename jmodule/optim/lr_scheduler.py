@@ -141,7 +141,10 @@ class LRScheduler:
 
     def get_lr(self) -> list[float]:
         """The next learning rates (called by :meth:`step`; use :meth:`get_last_lr`)."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must define get_lr(): the learning rate of each param "
+            "group for self.last_epoch (as a torch.optim.lr_scheduler.LRScheduler subclass does)"
+        )
 
     def _warn_outside_step(self) -> None:
         if not self._get_lr_called_within_step:

@@ -108,7 +108,7 @@ def batch_norm_update(
             )
         ones = jnp.ones(x.shape[1], compute)
         out, mean, var = _batch_norm_training(
-            float(eps), xc, ones if w is None else w, ones * 0 if b is None else b
+            float(eps), xc, ones if w is None else w, jnp.zeros_like(ones) if b is None else b
         )
         if running_mean is not None:
             rm = as_array(running_mean)
