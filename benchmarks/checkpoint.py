@@ -7,6 +7,12 @@ so changes in machine load hit them alike. Reported: each contender's median,
 and each issue-14 figure as the median over rounds of the *paired* ratio
 (jm / other in the same round), with its target and PASS/MISS.
 
+jm.save writes Orbax's format (``_directory.ORBAX_OPTIONS``) with its own
+writer (``jmodule/serialization/_orbax_writer.py``: Orbax's TensorStore specs
+and files, the arrays in one TensorStore commit); the plain Orbax contender is
+Orbax's own ``PyTreeCheckpointHandler``. ``--arrays 1000`` shows the
+per-array cost the writer removes (Orbax's ~2 ms of Python per array).
+
 Fair baselines. jm's save is durable (every file it wrote is fsync'ed before
 the commit); ``numpy.save`` and ``torch.save`` are not, so they are also timed
 with an fsync of what they wrote ("+fsync"). The plain Orbax contender uses

@@ -184,7 +184,7 @@ def full_checks(d: Path) -> dict:
     # A save that fits when it starts, while something else fills the disk.
     save_arrays = _directory._save_arrays
 
-    def fill_then_save(staging, stored):
+    def fill_then_save(staging, stored, *rest):
         with open(d / "filler", "wb") as f:
             try:
                 while True:
@@ -193,7 +193,7 @@ def full_checks(d: Path) -> dict:
                     os.fsync(f.fileno())
             except OSError:
                 pass
-        save_arrays(staging, stored)
+        return save_arrays(staging, stored, *rest)
 
     out["free_at_start"] = shutil.disk_usage(d).free
     _directory._save_arrays = fill_then_save
@@ -275,14 +275,14 @@ def _fake_full(root: Path) -> None:
     shutil.disk_usage = disk_usage
     save_arrays = _directory._save_arrays
 
-    def fake_save_arrays(staging, stored):
+    def fake_save_arrays(staging, stored, *rest):
         if not fits(sum(int(x.nbytes) for x in stored.values())):
             (staging / "arrays.orbax-checkpoint-tmp").mkdir()
             raise ValueError(
                 f'RESOURCE_EXHAUSTED: Error writing "a0/c/0" in OCDBT database at local file '
                 f"\"{staging}\": No space left on device [os_error_code='{errno.ENOSPC}']"
             )
-        save_arrays(staging, stored)
+        return save_arrays(staging, stored, *rest)
 
     _directory._save_arrays = fake_save_arrays
     metafile_write = _metafile.write

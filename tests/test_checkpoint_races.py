@@ -36,10 +36,10 @@ def _paused(monkeypatch, slow: str, until: threading.Event) -> None:
     """Make the thread named ``slow`` wait for ``until`` before Orbax writes its arrays."""
     save_arrays = _directory._save_arrays
 
-    def wait_then_save(staging, stored):
+    def wait_then_save(staging, stored, *rest):
         if threading.current_thread().name == slow:
             assert until.wait(60)
-        save_arrays(staging, stored)
+        return save_arrays(staging, stored, *rest)
 
     monkeypatch.setattr(_directory, "_save_arrays", wait_then_save)
 
@@ -150,11 +150,11 @@ def _saving_rival_first(rival: CheckpointManager, step: int, directory: Path):
     save_arrays = _directory._save_arrays
     state = {"done": False}
 
-    def rival_then_save(staging, stored):
+    def rival_then_save(staging, stored, *rest):
         if not state["done"] and staging.parent == directory:
             state["done"] = True
             rival.save(step, {"who": "rival"})
-        save_arrays(staging, stored)
+        return save_arrays(staging, stored, *rest)
 
     return rival_then_save
 

@@ -1,0 +1,156 @@
+"""jm.save's own writer of Orbax checkpoints writes exactly what Orbax writes, and Orbax reads it.
+
+``jmodule/serialization/_orbax_writer.py`` writes a checkpoint directory's
+``arrays/`` (single process; numpy and single-device arrays) without going
+through ``PyTreeCheckpointHandler``. Every file is compared here with what
+Orbax itself writes for the same arrays, in the same test, and Orbax's own
+restore and metadata read what jm wrote.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import tensorstore as ts
+
+import jmodule.serialization as jms
+from jmodule.serialization import _directory
+
+
+def _state() -> dict:
+    rng = np.random.default_rng(0)
+    return {
+        "w": jnp.asarray(rng.standard_normal((5, 7), dtype=np.float32)),
+        "b": jnp.asarray(rng.standard_normal(7), jnp.bfloat16),
+        "h": jnp.asarray(rng.standard_normal((2, 3, 4)), jnp.float16),
+        "step": jnp.asarray(3, jnp.int32),
+        "scale": jnp.float32(0.5),
+        "mask": np.array([[True, False], [False, True]]),
+        "ids": np.arange(12, dtype=np.int8).reshape(3, 4),
+        "u": np.arange(5, dtype=np.uint8),
+        "host16": np.ones((3,), ml_dtypes.bfloat16),
+        "i64": jnp.arange(4),
+    }
+
+
+def _orbax_dir(tmp_path, stored: dict):
+    """The directory Orbax's own PyTreeCheckpointHandler writes for ``stored``."""
+    path = tmp_path / "orbax"
+    checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(**_directory.ORBAX_OPTIONS))
+    try:
+        checkpointer.save(path, args=ocp.args.PyTreeSave(stored))
+    finally:
+        checkpointer.close()
+    return path
+
+
+def _stored_as_jm_names(state: dict) -> dict:
+    """The ``{"a<i>": array}`` dict jm hands to the array writer for ``state``."""
+    return {f"a{i}": x for i, x in enumerate(state.values())}
+
+
+def _kvstore(path) -> ts.KvStore:
+    return ts.KvStore.open({"driver": "ocdbt", "base": f"file://{path}/"}).result()
+
+
+def _files(path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+
+
+def test_every_metadata_file_and_every_array_spec_equal_orbaxs_own(tmp_path):
+    state = _state()
+    jms.save(state, tmp_path / "jm")
+    mine = tmp_path / "jm" / "arrays"
+    theirs = _orbax_dir(tmp_path, _stored_as_jm_names(state))
+    for name in ("_METADATA", "_sharding", "array_metadatas/process_0"):
+        assert (mine / name).read_text() == (theirs / name).read_text(), name
+    ours_meta = json.loads((mine / "_CHECKPOINT_METADATA").read_text())
+    their_meta = json.loads((theirs / "_CHECKPOINT_METADATA").read_text())
+    assert set(ours_meta) == set(their_meta)
+    assert ours_meta["item_handlers"] == their_meta["item_handlers"]
+    assert ours_meta["init_timestamp_nsecs"] <= ours_meta["commit_timestamp_nsecs"]
+    assert (mine / "commit_success.txt").exists() == (theirs / "commit_success.txt").exists()
+    assert (mine / "manifest.ocdbt").is_file()
+    # The same keys in the OCDBT database, the same zarr3 metadata and the same bytes.
+    kv_mine, kv_theirs = _kvstore(mine), _kvstore(theirs)
+    keys = kv_theirs.list().result()
+    assert sorted(kv_mine.list().result()) == sorted(keys)
+    for key in keys:
+        a, b = kv_mine.read(key).result().value, kv_theirs.read(key).result().value
+        if key.endswith(b"zarr.json"):
+            assert json.loads(a) == json.loads(b), key
+        else:
+            assert a == b, key
+    # Orbax's other files (its per-process OCDBT it merges away) are the only extras.
+    extra = _files(theirs) - _files(mine)
+    assert all(f.startswith(("ocdbt.process_0/", "d/")) for f in extra), extra
+
+
+def test_orbax_restores_what_jm_wrote_with_and_without_restore_arguments(tmp_path):
+    state = _state()
+    jms.save(state, tmp_path / "c")
+    arrays = tmp_path / "c" / "arrays"
+    names = _stored_as_jm_names(state)
+    theirs = _orbax_dir(tmp_path, names)
+    # Without restore arguments Orbax takes each jax.Array's sharding from `_sharding`
+    # (and warns that it does so, for its own checkpoints as for these).
+    with pytest.warns(UserWarning, match="Sharding info not provided"):
+        plain = ocp.PyTreeCheckpointer().restore(arrays)
+    with pytest.warns(UserWarning, match="Sharding info not provided"):
+        reference = ocp.PyTreeCheckpointer().restore(theirs)
+    assert set(plain) == set(names)
+    for name, x in names.items():
+        assert type(plain[name]) is type(reference[name]), name
+        assert plain[name].dtype == x.dtype and plain[name].shape == x.shape, name
+        np.testing.assert_array_equal(np.asarray(plain[name]), np.asarray(x))
+        if isinstance(x, jax.Array):
+            assert plain[name].sharding == x.sharding
+    as_numpy = ocp.PyTreeCheckpointer().restore(
+        arrays,
+        args=ocp.args.PyTreeRestore(
+            restore_args={k: ocp.RestoreArgs(restore_type=np.ndarray) for k in names}
+        ),
+    )
+    for name, x in names.items():
+        assert isinstance(as_numpy[name], np.ndarray)
+        np.testing.assert_array_equal(as_numpy[name], np.asarray(x))
+    metadata = ocp.PyTreeCheckpointHandler().metadata(arrays).tree
+    for name, x in names.items():
+        assert tuple(metadata[name].shape) == x.shape and metadata[name].dtype == x.dtype
+
+
+def test_single_device_saves_do_not_go_through_orbaxs_handler(tmp_path, monkeypatch):
+    # The point of the writer: no per-array Python of PyTreeCheckpointHandler.
+    def refuse(*args, **kwargs):
+        raise AssertionError("PyTreeCheckpointHandler.save was called")
+
+    monkeypatch.setattr(ocp.PyTreeCheckpointHandler, "save", refuse)
+    state = {f"layer{i}.weight": jnp.full((3, 2), float(i)) for i in range(300)}
+    jms.save(state, tmp_path / "c")
+    back = jms.load(tmp_path / "c")
+    assert list(back) == list(state)
+    for key, x in state.items():
+        np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))
+
+
+def test_a_failing_write_leaves_nothing_and_raises(tmp_path, monkeypatch):
+    # TensorStore refusing mid-write (here: an array it cannot store) aborts the
+    # transaction; the staging directory is removed and the error reaches the caller.
+    from jmodule.serialization import _orbax_writer
+
+    real = _orbax_writer.Writer._start
+
+    def fail_after_opening(self, ocp_, ts_, context):
+        real(self, ocp_, ts_, context)
+        raise OSError("injected failure after the writes started")
+
+    monkeypatch.setattr(_orbax_writer.Writer, "_start", fail_after_opening)
+    with pytest.raises(OSError, match="injected"):
+        jms.save({"w": jnp.ones((4, 4))}, tmp_path / "c")
+    assert list(tmp_path.iterdir()) == []
