@@ -36,6 +36,15 @@ def _state() -> dict:
         "u": np.arange(5, dtype=np.uint8),
         "host16": np.ones((3,), ml_dtypes.bfloat16),
         "i64": jnp.arange(4),
+        # More arrays of the same dtypes and ranks (the writer derives their specs
+        # from the first one's): every one is compared with Orbax's.
+        "w2": jnp.asarray(rng.standard_normal((3, 9), dtype=np.float32)),
+        "w3": jnp.ones((1, 1), jnp.float32),
+        "b2": jnp.ones((11,), jnp.bfloat16),
+        "ids2": np.zeros((2, 2), np.int8),
+        "n3": np.ones((4, 1, 2), np.float32),
+        "n3b": np.ones((2, 5, 3), np.float32),
+        "scale2": jnp.float32(-1.0),
     }
 
 
@@ -154,3 +163,30 @@ def test_a_failing_write_leaves_nothing_and_raises(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="injected"):
         jms.save({"w": jnp.ones((4, 4))}, tmp_path / "c")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_spec_template_that_disagrees_with_orbax_is_not_used(tmp_path, monkeypatch):
+    # The writer checks its first derived spec per dtype and rank against Orbax's own;
+    # were the derivation wrong (a future Orbax), each array gets Orbax's spec.
+    from jmodule.serialization import _orbax_writer
+
+    real = _orbax_writer._renamed
+
+    def wrong(template, name, shape):
+        spec = real(template, name, shape)
+        spec["metadata"]["chunk_grid"]["configuration"]["chunk_shape"] = [1] * len(shape)
+        return spec
+
+    monkeypatch.setattr(_orbax_writer, "_renamed", wrong)
+    state = {f"p{i}": jnp.full((i + 2, 3), float(i)) for i in range(4)}
+    jms.save(state, tmp_path / "jm")
+    theirs = _orbax_dir(tmp_path, _stored_as_jm_names(state))
+    kv_mine, kv_theirs = _kvstore(tmp_path / "jm" / "arrays"), _kvstore(theirs)
+    for i in range(4):
+        key = f"a{i}/zarr.json"
+        assert json.loads(kv_mine.read(key).result().value) == json.loads(
+            kv_theirs.read(key).result().value
+        )
+    back = jms.load(tmp_path / "jm")
+    for key, x in state.items():
+        np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))

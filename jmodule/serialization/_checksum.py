@@ -93,10 +93,24 @@ def many(arrays: Iterable[Any], algorithms: Iterable[str] | str = ALGORITHM) -> 
     names = [algorithms] * len(arrays) if isinstance(algorithms, str) else list(algorithms)
     if not arrays:
         return []
-    with Batch(_WORKERS) as batch:
-        for x, name in zip(arrays, names):
-            batch.add(x, name)
-        return batch.results()
+    # One task per thread, each a share of the arrays balanced by bytes (one task
+    # per array costs more than the checksum of a small one).
+    shares: list[list[int]] = [[] for _ in range(min(_WORKERS, len(arrays)))]
+    loads = [0] * len(shares)
+    for i in sorted(range(len(arrays)), key=lambda i: -int(arrays[i].nbytes)):
+        least = loads.index(min(loads))
+        shares[least].append(i)
+        loads[least] += int(arrays[i].nbytes)
+    out: list[str] = [""] * len(arrays)
+
+    def run(share: list[int]) -> None:
+        for i in share:
+            out[i] = digest(arrays[i], names[i])
+
+    with concurrent.futures.ThreadPoolExecutor(len(shares), thread_name_prefix="jm-crc") as pool:
+        for f in [pool.submit(run, share) for share in shares]:
+            f.result()
+    return out
 
 
 def crc32_many(arrays: Sequence[Any]) -> Callable[[], list[str]]:
