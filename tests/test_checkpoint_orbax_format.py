@@ -190,3 +190,33 @@ def test_a_spec_template_that_disagrees_with_orbax_is_not_used(tmp_path, monkeyp
     back = jms.load(tmp_path / "jm")
     for key, x in state.items():
         np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))
+
+
+def test_numpy_arrays_of_ml_dtypes_round_trip(tmp_path):
+    # numpy calls bfloat16, float8 and int4 arrays kind "V"; they used to be refused.
+    state = {
+        "bf16": np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3),
+        "f8": np.linspace(-2, 2, 5).astype(ml_dtypes.float8_e4m3fn),
+        "i4": np.arange(-3, 4).astype(ml_dtypes.int4),
+    }
+    jms.save(state, tmp_path / "c")
+    back = jms.load(tmp_path / "c")
+    for key, x in state.items():
+        assert back[key].dtype == x.dtype
+        np.testing.assert_array_equal(
+            np.asarray(back[key]).astype(np.float32), x.astype(np.float32)
+        )
+    # A structured numpy dtype (also kind "V") stays refused, naming the key.
+    with pytest.raises(TypeError, match="'rec'"):
+        jms.save({"rec": np.zeros(2, [("a", np.int32)])}, tmp_path / "d")
+
+
+def test_typed_prng_keys_are_refused_with_what_to_do(tmp_path):
+    with pytest.raises(TypeError, match=r"'gen'.*key_data.*wrap_key_data"):
+        jms.save({"gen": jax.random.key(0)}, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+    # Raw uint32 keys are plain arrays.
+    jms.save({"gen": jax.random.PRNGKey(0)}, tmp_path / "raw")
+    np.testing.assert_array_equal(
+        np.asarray(jms.load(tmp_path / "raw")["gen"]), np.asarray(jax.random.PRNGKey(0))
+    )

@@ -72,6 +72,12 @@ def _on_cpu(x: jax.Array) -> bool:
 
 
 def _check_dtype(x: Any, key: str) -> Any:
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        raise TypeError(
+            f"cannot save '{key}': it is a typed PRNG key array ({x.dtype}), which has no "
+            "array checkpoint format. Save jax.random.key_data(key) and rebuild the key "
+            "with jax.random.wrap_key_data(data) after loading."
+        )
     if isinstance(x, np.ndarray):
         # ml_dtypes' types (bfloat16, float8_*, int4) are kind "V" too, and are arrays.
         if x.dtype.kind in "OUSMm" or (
