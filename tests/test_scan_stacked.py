@@ -349,3 +349,18 @@ def test_block_parameter_reads_between_steps():
     assert type(state.raw(w)) is state.StackedValue
     np.testing.assert_allclose(np.asarray(w), before - 0.5 * np.asarray(w.grad), rtol=1e-6)
     assert jm.compile_stats(step).num_traces == 1
+    # other programs over the blocks (a compiled forward, a function of one block) read
+    # them as arrays
+    step(model, opt, x)
+    on_block = jm.compile(lambda block, x: block(x))
+    y1 = on_block(model[1], x)
+    model.compile()
+    y = model(x)
+    step(model, opt, x)
+    np.testing.assert_allclose(np.asarray(on_block(model[1], x)), np.asarray(model[1](x)))
+    assert not np.allclose(np.asarray(y1), np.asarray(model[1](x)))
+    expected = x
+    for block in blocks:
+        expected = block(expected)
+    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(expected), rtol=1e-6)
+    assert not np.allclose(np.asarray(y), np.asarray(expected))

@@ -346,6 +346,8 @@ class CompiledForward:
             with plan.guard:
                 slots = plan.slots
                 vals = [c[k] for c, k in slots]
+                if state.StackedValue in set(map(type, vals)):  # blocks a compiled step wrote
+                    vals = [state.slot_value(c, k) for c, k in slots]
                 local.call = plan
                 jitted = plan.jitted
                 out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)

@@ -650,6 +650,8 @@ def read_state(program: Program, plan: Plan) -> list[Any]:
     for i, v in enumerate(vals):
         if type(v) is state.PackedGrad:  # a gradient the program reads: slice it out
             vals[i] = state.grad_value(plan.slots[i][0])
+        elif type(v) is state.StackedValue:  # a block of a stack another program wrote
+            vals[i] = state.slot_value(*plan.slots[i])
     return vals
 
 
@@ -780,6 +782,7 @@ def _unique_buffers(idx: tuple[int, ...], vals: list) -> tuple[int, ...]:
 
 
 _NONE_ID = id(None)
+_STACKED = state.StackedValue
 SLOW = object()
 
 
@@ -802,6 +805,8 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
             return SLOW  # read_state slices it out
     donated = [c[k] for c, k in fast.donated]
     kept = [c[k] for c, k in fast.kept]
+    if _STACKED in set(map(type, kept)) or _STACKED in set(map(type, donated)):
+        return SLOW  # read_state slices it out
     donated_ids = tuple(map(id, donated))
     if donated_ids != plan.fresh:
         ids = set(donated_ids)
