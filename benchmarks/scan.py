@@ -14,8 +14,9 @@ fresh step (trace, lowering, XLA compilation and one run) minus the median of
 the next ``--calls`` calls (one run): the trace+compile time (after one untimed
 warm-up compile, which pays the process's one-time costs). Also printed:
 the number of StableHLO operations in the lowered step (``step.lower(...)``), which
-shows what still grows with depth when the blocks are scanned (each block's
-parameters are still their own inputs, gradients and optimizer updates). Rounds
+shows what still grows with depth when the blocks are scanned (the blocks'
+parameters are read, updated and written stacked, one array per kind, but each
+block's gradient is still its own slice of the stacked gradient). Rounds
 interleave the four configurations (the order rotating), and the figures are
 medians over rounds of the per-round ratios (48 / 4 blocks, scanned and
 unrolled). Target: scanned 48-block <= 1.3x scanned 4-block.

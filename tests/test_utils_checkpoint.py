@@ -353,7 +353,8 @@ def test_compiled_step_recomputes_each_block():
     """
     plain = _lowered_step(False).as_text()
     remat = _lowered_step(True).as_text()
-    assert remat.count("optimization_barrier") >= 6 > plain.count("optimization_barrier")
+    # (the plain step has barriers too: the chunks of its packed concatenations, flat.py)
+    assert remat.count("optimization_barrier") >= plain.count("optimization_barrier") + 6
     # the first Linear of each block is recomputed (the backward pass needs its output;
     # the last Linear's output it does not, so JAX leaves that one out)
     assert remat.count("dot_general") == plain.count("dot_general") + 6

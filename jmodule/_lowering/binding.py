@@ -62,7 +62,7 @@ class Snapshot:
         self.parameters = dict(d["_parameters"])
         self.buffers = dict(d["_buffers"])
         self.modules = dict(d["_modules"])
-        self.values = [state.peek(p) for p in self.parameters.values() if p is not None]
+        self.values = [state.raw(p) for p in self.parameters.values() if p is not None]
         # Containers held in attributes are copied too, so an append or item
         # assignment made during a failed trace can be undone in place.
         self.contents = {
@@ -118,7 +118,10 @@ def find_leak(named_modules: Sequence[tuple[str | None, Any]], allowed: set[int]
         # State in containers an enclosing trace has bound is that trace's to check.
         for name, p in m._parameters.items():
             if p is not None and not state.is_bound(p.__dict__):
-                if _new_tracer(state.peek(p), allowed):
+                v = state.raw(p)
+                if type(v) is state.StackedValue:  # a block of a stacked value it was given
+                    v = None if id(v) in allowed else v.stack
+                if _new_tracer(v, allowed):
                     return f"parameter '{name}' of {where}"
         if not state.is_bound(m._buffers):
             for name, b in m._buffers.items():

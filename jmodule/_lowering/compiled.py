@@ -113,12 +113,15 @@ def _plan_for(
                 names.append(prefix + name)
                 cells.append(cell)
         named_modules += [(prefix + p if p else prefix.rstrip("."), m) for p, m in d.named_modules]
+    one_device = _one_device(slots)
+    groups: list[_program.Group] = []
+    if with_grads and one_device:
+        groups = _groups(named_modules, slots, names, cells)
     generator = _random.default_generator
     slots.append(state.rng_slot(generator))
     names.append(_RNG_NAME)
     cells.append(None)
     _program.check_not_meta(slots, names)
-    one_device = _one_device(slots)
     committed = _commit(slots) if one_device else ()
     infos = descs[0].infos if len(descs) == 1 else _merge_infos(descs)
     plan = Plan(
@@ -136,7 +139,53 @@ def _plan_for(
     plan.guard = _guard(plan)
     plan.pack_grads = with_grads and one_device
     plan.committed = committed
+    plan.groups = tuple(groups)
+    plan.members = frozenset(m for g in groups for m in g.members)
     return plan
+
+
+def _groups(
+    named_modules: Sequence[tuple[str, Any]], slots: list, names: list, cells: list
+) -> list[_program.Group]:
+    """The stacked groups of the scanned blocks in the plan (see ``program.Group``).
+
+    A module whose class sets ``_jm_stacked`` (``jm.nn.Scan``) has its children
+    (the blocks) read and written stacked, one group per parameter kind
+    (position in the blocks' state), when the blocks' state has the same names
+    and each kind the same shape and dtype in every block, by distinct
+    Parameters. The stack slots (in the module's ``_jm_stacks`` store) are
+    added to ``slots``.
+    """
+    where = {id(c): i for i, (c, k) in enumerate(slots) if k == "_value"}
+    taken: set[int] = set()
+    groups = []
+    for path, m in named_modules:
+        if not getattr(type(m), "_jm_stacked", False):
+            continue
+        blocks = [b for b in m.__dict__["_modules"].values() if b is not None]
+        if len(blocks) < 2:
+            continue
+        trees = [state.tree_slots(b) for b in blocks]
+        if any(t.names != trees[0].names for t in trees):
+            continue
+        store = m.__dict__.get("_jm_stacks")
+        if store is None:
+            store = m.__dict__["_jm_stacks"] = {}
+        kinds = [n for n, k in zip(trees[0].names, trees[0].kinds) if k == "param"]
+        for j, kind in enumerate(kinds):
+            members = [t.params[j] for t in trees]
+            ids = [id(p.__dict__) for p in members]
+            if len(set(ids)) != len(ids) or any(i in taken or i not in where for i in ids):
+                continue
+            metas = {(tuple(state.raw(p).shape), str(state.raw(p).dtype)) for p in members}
+            if len(metas) != 1:
+                continue
+            taken.update(ids)
+            slots.append((store, kind))
+            names.append(f"{path + '.' if path else ''}<{kind}, stacked>")
+            cells.append(None)
+            groups.append(_program.Group(len(slots) - 1, tuple(where[i] for i in ids)))
+    return groups
 
 
 def _commit(slots: Sequence[Any]) -> tuple:
@@ -182,6 +231,8 @@ def _one_device(slots: Sequence[Any]) -> bool:
         v = c[k]
         if v is None or type(v) is state.PackedGrad:
             continue
+        if type(v) is state.StackedValue:
+            v = v.stack
         if type(v) is not _ArrayImpl:
             return False
         here = v.devices()
@@ -295,6 +346,8 @@ class CompiledForward:
             with plan.guard:
                 slots = plan.slots
                 vals = [c[k] for c, k in slots]
+                if state.StackedValue in set(map(type, vals)):  # blocks a compiled step wrote
+                    vals = [state.slot_value(c, k) for c, k in slots]
                 local.call = plan
                 jitted = plan.jitted
                 out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)

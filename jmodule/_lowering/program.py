@@ -33,6 +33,7 @@ import jax
 from jax.extend.core import jaxpr_as_fun
 
 from jmodule._lowering import binding, guards, state, structure
+from jmodule._lowering import flat as _flat
 from jmodule._lowering.arguments import describe_args, diff, unwrap_static
 from jmodule._lowering.state import Slot
 
@@ -50,21 +51,49 @@ class Changed:
     ``values[i]`` is the new value of slot ``indices[i]``; after those come
     one flat array per pack: ``packs[j]`` lists ``(slot, start, size, shape)``
     of the gradients written as slices of the ``j``-th (see ``_pack_grads``).
+    ``stacks`` lists ``(stack slot, member slots)`` of the groups (see
+    :class:`Group`) whose stacked value was written: each member's slot gets
+    its block of it.
     """
 
-    __slots__ = ("indices", "packs", "values")
+    __slots__ = ("indices", "packs", "stacks", "values")
 
-    def __init__(self, indices: tuple[int, ...], values: tuple[Any, ...], packs: tuple = ()):
+    def __init__(
+        self,
+        indices: tuple[int, ...],
+        values: tuple[Any, ...],
+        packs: tuple = (),
+        stacks: tuple = (),
+    ):
         self.indices = indices
         self.values = values
         self.packs = packs
+        self.stacks = stacks
 
 
 jax.tree_util.register_pytree_node(
     Changed,
-    lambda c: (c.values, (c.indices, c.packs)),
-    lambda aux, vals: Changed(aux[0], tuple(vals), aux[1]),
+    lambda c: (c.values, (c.indices, c.packs, c.stacks)),
+    lambda aux, vals: Changed(aux[0], tuple(vals), aux[1], aux[2]),
 )
+
+
+class Group(NamedTuple):
+    """Parameters of scanned blocks (one kind, block by block) read and written stacked.
+
+    A compiled step over ``jm.nn.scan`` blocks takes the blocks' parameters of
+    one kind as one stacked input (the slot ``stack``, in the Scan module's
+    store) and writes them as one stacked output: one array in and out per
+    kind, however deep the stack, instead of one per block (each a kernel of
+    its own in XLA:CPU). The ``members`` (the blocks' value slots, in block
+    order) are not program inputs: inside the trace each holds its block's
+    slice of the stack; after the call, a :class:`~state.StackedValue` of the
+    new stack.
+    """
+
+    stack: int
+    members: tuple[int, ...]
+
 
 #: Gradients of at most this many elements are written packed (as the optimizer's
 #: small parameters are): one output array instead of one per parameter.
@@ -72,7 +101,11 @@ PACK_GRAD_MAX_ELEMENTS = 1 << 16
 
 
 def _pack_grads(
-    slots: Sequence[Slot], idx: tuple[int, ...], values: tuple[Any, ...], unread: set[int]
+    slots: Sequence[Slot],
+    idx: tuple[int, ...],
+    values: tuple[Any, ...],
+    unread: set[int],
+    stacks: tuple = (),
 ) -> Changed:
     """``Changed`` with the small gradients it writes unread packed, one flat array per dtype.
 
@@ -92,7 +125,7 @@ def _pack_grads(
             groups.setdefault(v.dtype, []).append((i, v))
     groups = {d: m for d, m in groups.items() if len(m) > 1}
     if not groups:
-        return Changed(idx, values)
+        return Changed(idx, values, (), stacks)
     packed = {i for members in groups.values() for i, _ in members}
     kept = [(i, v) for i, v in zip(idx, values) if i not in packed]
     flats, packs = [], []
@@ -101,10 +134,10 @@ def _pack_grads(
         for i, v in members:
             meta.append((i, start, int(v.size), tuple(v.shape)))
             start += int(v.size)
-        flats.append(jax.numpy.concatenate([v.reshape(-1) for _, v in members]))
+        flats.append(_flat.concat([v.reshape(-1) for _, v in members]))
         packs.append(tuple(meta))
     return Changed(
-        tuple(i for i, _ in kept), tuple(v for _, v in kept) + tuple(flats), tuple(packs)
+        tuple(i for i, _ in kept), tuple(v for _, v in kept) + tuple(flats), tuple(packs), stacks
     )
 
 
@@ -170,6 +203,10 @@ class Plan:
     committed: tuple = ()
     #: The thread's ``jm.autocast`` regions the plan was made under (in ``key`` too).
     autocast: tuple | None = None
+    #: Scanned blocks' parameters read and written stacked (:class:`Group`).
+    groups: tuple[Group, ...] = ()
+    #: The groups' member slots: not program inputs.
+    members: frozenset[int] = frozenset()
 
 
 class _Reread(Exception):
@@ -375,7 +412,7 @@ class Program:
         indices = tuple(first + rest)
         flats = changed.values[len(changed.indices) :]  # packed gradients last
         values = tuple(changed.values[order[i]] for i in indices) + flats
-        return Changed(indices, values, changed.packs), out
+        return Changed(indices, values, changed.packs, changed.stacks), out
 
     def _note_trace(
         self, plan: Plan, key: Any, vals: Sequence[Any], args: Any, kwargs: Any
@@ -417,6 +454,12 @@ class Program:
         self._note_trace(plan, key, vals, args, kwargs)
         args, kwargs = unwrap_static((args, kwargs))
         slots = plan.slots
+        if plan.groups:  # each member holds its block of the stacked input, sliced if read
+            vals = list(vals)
+            for g in plan.groups:
+                stacked = vals[g.stack]
+                for b, m in enumerate(g.members):
+                    vals[m] = state.StackedValue(stacked, b)
         # Gradient slots given as None although they hold an array (a guess, see unread()).
         guessed = {i for i, (c, k) in enumerate(slots) if vals[i] is None and c.get(k) is not None}
         watch = binding.GradWatch({id(c): i for i, (c, k) in enumerate(slots) if k == "grad"})
@@ -441,11 +484,133 @@ class Program:
         if guessed - unread:  # it read a gradient it was given as None on a guess
             raise _Reread()
         self.unread_slots = frozenset((id(slots[i][0]), "grad") for i in unread)
+        stacks: tuple = ()
+        if plan.groups:
+            idx, new, stacks = _stack_changes(plan, vals, idx, new)
         if plan.pack_grads:
-            return out, _pack_grads(slots, idx, new, unread)
-        if compact and not idx:
+            return out, _pack_grads(slots, idx, new, unread, stacks)
+        if compact and not idx and not stacks:
             return out, None
-        return out, Changed(idx, new)
+        return out, Changed(idx, new, (), stacks)
+
+
+def _stack_changes(
+    plan: Plan, vals: Sequence[Any], idx: tuple[int, ...], new: tuple[Any, ...]
+) -> tuple[tuple[int, ...], tuple[Any, ...], tuple]:
+    """A trace's changes with each group's members written as one stacked value.
+
+    A group whose members the trace changed writes its stack slot (the
+    members' values stacked, the unchanged ones as they came in); the members
+    themselves are no outputs.
+    """
+    changed = dict(zip(idx, new))
+    for g in plan.groups:
+        for m in g.members:  # a member only read holds its slice: unchanged
+            if m in changed and changed[m] is vals[m].cache:
+                del changed[m]
+    stacks = []
+    for g in plan.groups:
+        if any(m in changed for m in g.members):
+            whole = _one_stack([changed.get(m) for m in g.members], vals[g.stack])
+            if whole is not None:  # updated as a whole (the optimizer's stacked update)
+                changed[g.stack] = whole
+                stacks.append((g.stack, g.members))
+                for m in g.members:
+                    changed.pop(m, None)
+                continue
+            parts = [
+                (changed[m].materialize() if type(changed[m]) is state.StackedValue else changed[m])
+                if m in changed
+                else vals[m].materialize()
+                for m in g.members
+            ]
+            for m, part, given in zip(g.members, parts, (vals[m] for m in g.members)):
+                if (
+                    getattr(part, "shape", None) != given.shape
+                    or getattr(part, "dtype", None) != given.dtype
+                ):
+                    raise RuntimeError(
+                        f"'{plan.names[m]}' is a parameter of a scanned block (jm.nn.scan), "
+                        f"which a compiled step reads and writes stacked with the other "
+                        f"blocks' ({given.shape} {given.dtype}), but the step set it to "
+                        f"{getattr(part, 'shape', type(part).__name__)} "
+                        f"{getattr(part, 'dtype', '')}. Change a scanned block's parameter "
+                        "to another shape or dtype outside the compiled step (or replace "
+                        "the Parameter), where the blocks are laid out again."
+                    )
+            changed[g.stack] = _flat.stack(parts)
+            stacks.append((g.stack, g.members))
+        for m in g.members:
+            changed.pop(m, None)
+    order = tuple(sorted(changed))
+    return order, tuple(changed[i] for i in order), tuple(stacks)
+
+
+def _one_stack(values: Sequence[Any], like: Any) -> Any:
+    """The array whose blocks ``values`` are, in order, shaped like ``like``; else None."""
+    whole = getattr(values[0], "stack", None)
+    if whole is None or whole.shape != like.shape or whole.dtype != like.dtype:
+        return None
+    for b, v in enumerate(values):
+        if type(v) is not state.StackedValue or v.stack is not whole or v.index != b:
+            return None
+    return whole
+
+
+def restack(plan: Plan) -> bool:
+    """Make each group's stack slot hold its members' values; False when it cannot here.
+
+    After a compiled call every member holds a :class:`~state.StackedValue` of
+    its stack, so this only compares identities. A member read, changed or
+    replaced outside the program since then holds an array of its own: the
+    group is stacked again from the members' values (one dispatch). Inside
+    another trace (the members hold its tracers) nothing is written: False.
+    """
+    slots = plan.slots
+    done = True
+    for g in plan.groups:
+        c, k = slots[g.stack]
+        stacked = c.get(k)
+        if stacked is not None:
+            for m in g.members:
+                mc, mk = slots[m]
+                v = mc[mk]
+                if type(v) is not state.StackedValue or v.stack is not stacked:
+                    break
+            else:
+                continue
+        held = [slots[m][0][slots[m][1]] for m in g.members]
+        whole = getattr(held[0], "stack", None)
+        if (
+            whole is not None
+            and not isinstance(whole, jax.core.Tracer)
+            and whole.shape[0] == len(held)
+            and _one_stack(held, whole) is not None
+        ):  # stacked elsewhere (an eager optimizer step on the stack): adopt it
+            c[k] = whole
+            continue
+        values = [state.slot_value(*slots[m]) for m in g.members]
+        if any(isinstance(v, jax.core.Tracer) for v in values) or state.local.bound:
+            done = False
+            continue
+        first = values[0]
+        for m, v in zip(g.members, values):
+            if v.shape != first.shape or v.dtype != first.dtype:
+                raise RuntimeError(
+                    f"'{plan.names[m]}' has shape {tuple(v.shape)} and dtype {v.dtype} where "
+                    f"'{plan.names[g.members[0]]}' has {tuple(first.shape)} and {first.dtype}: "
+                    "the parameters of scanned blocks (jm.nn.scan) must match. Replace the "
+                    "Parameter (module.weight = Parameter(...)) rather than its data to "
+                    "change its shape."
+                )
+        stacked = jax.numpy.stack(values)
+        if not stacked.committed:
+            stacked = jax.device_put(stacked, next(iter(stacked.devices())))
+        c[k] = stacked
+        for b, m in enumerate(g.members):
+            mc, mk = slots[m]
+            mc[mk] = state.StackedValue(stacked, b)
+    return done
 
 
 def _regions(autocast: tuple | None) -> str:
@@ -473,14 +638,29 @@ def check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
 
 
 def read_state(program: Program, plan: Plan) -> list[Any]:
-    """The slot values for a call; ``.grad`` slots the program never reads are None."""
+    """The slot values for a call; ``.grad`` slots the program never reads are None, and so
+    are the members of groups (read stacked)."""
+    if plan.groups and not restack(plan):
+        raise RuntimeError(NESTED_SCAN_HELP)
     vals = [c[k] for c, k in plan.slots]
     for i in program.unread(plan):
+        vals[i] = None
+    for i in plan.members:
         vals[i] = None
     for i, v in enumerate(vals):
         if type(v) is state.PackedGrad:  # a gradient the program reads: slice it out
             vals[i] = state.grad_value(plan.slots[i][0])
+        elif type(v) is state.StackedValue:  # a block of a stack another program wrote
+            vals[i] = state.slot_value(*plan.slots[i])
     return vals
+
+
+NESTED_SCAN_HELP = (
+    "A compiled step over scanned blocks (jm.nn.scan) was called inside another compiled "
+    "function or gradient, which holds the blocks' parameters as traced values: it reads "
+    "them stacked, as one input, and cannot stack them here. Call the step at the top "
+    "level, or compile the outer function only."
+)
 
 
 def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = None) -> None:
@@ -511,6 +691,17 @@ def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = N
                     c[k] = packed.materialize()
                 else:
                     c[k] = packed
+    for si, members in changed.stacks:
+        c, k = slots[si]
+        stacked = c[k]
+        owned = recorder is not None and recorder.owns(stacked)
+        for b, m in enumerate(members):
+            mc, mk = slots[m]
+            if owned:
+                recorder.note_write(mc, mk)
+                mc[mk] = stacked[b]
+            else:
+                mc[mk] = state.StackedValue(stacked, b)
 
 
 def _run_jitted(
@@ -548,8 +739,12 @@ def call_recorded(program: Program, plan: Plan, args: tuple, kwargs: dict | None
     def read(program: Program, plan: Plan) -> list[Any]:
         vals = read_state(program, plan)
         for i, cell in enumerate(plan.cells):
-            if cell is not None:
+            if cell is not None and i not in plan.members:
                 vals[i] = recorder.read(cell, vals[i])
+        for g in plan.groups:  # stacked from the members as the recorder sees them
+            vals[g.stack] = jax.numpy.stack(
+                [recorder.read(plan.cells[m], state.slot_value(*plan.slots[m])) for m in g.members]
+            )
         return vals
 
     out, changed = _run_jitted(program, plan, args, kwargs, read)
@@ -568,7 +763,7 @@ def _kept_slots(
     holds a value must pass it (a new program, as a None becoming an array
     always is).
     """
-    skip = set(idx) | program.unread(plan)
+    skip = set(idx) | program.unread(plan) | plan.members
     keep = tuple(i for i in range(len(vals)) if i not in skip and vals[i] is not None)
     nones = tuple(i for i in range(len(vals)) if i not in skip and vals[i] is None)
     return keep, nones
@@ -587,6 +782,7 @@ def _unique_buffers(idx: tuple[int, ...], vals: list) -> tuple[int, ...]:
 
 
 _NONE_ID = id(None)
+_STACKED = state.StackedValue
 SLOW = object()
 
 
@@ -599,6 +795,8 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
     still hold exactly what the last call wrote there (the usual case), those
     are distinct fresh arrays and the checks are skipped.
     """
+    if plan.groups and not restack(plan):
+        return SLOW
     for c, k in fast.nones:
         if c[k] is not None:
             return SLOW
@@ -607,6 +805,8 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
             return SLOW  # read_state slices it out
     donated = [c[k] for c, k in fast.donated]
     kept = [c[k] for c, k in fast.kept]
+    if _STACKED in set(map(type, kept)) or _STACKED in set(map(type, donated)):
+        return SLOW  # read_state slices it out
     donated_ids = tuple(map(id, donated))
     if donated_ids != plan.fresh:
         ids = set(donated_ids)

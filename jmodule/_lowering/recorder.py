@@ -54,8 +54,22 @@ def _tap_fwd(sink: _Sink, v: Any, z: Any) -> tuple[Any, None]:
     return v, None
 
 
+class _StackSink(_Sink):
+    """Where a stacked tap's cotangent goes: block ``b``'s slice to tap index ``indices[b]``."""
+
+    __slots__ = ("indices",)
+
+    def __init__(self, recorder: Recorder, indices: tuple[int, ...]):
+        super().__init__(recorder, indices[0])
+        self.indices = indices
+
+
 def _tap_bwd(sink: _Sink, _: None, g: Any) -> tuple[None, None]:
     grads = sink.recorder.grads
+    if type(sink) is _StackSink:
+        for b, i in enumerate(sink.indices):
+            grads[i] = g[b] if i not in grads else grads[i] + g[b]
+        return None, None
     i = sink.index
     grads[i] = g if i not in grads else grads[i] + g
     return None, None
@@ -124,6 +138,40 @@ class Recorder:
                 marked = _tap(sink, v, self.z)
         self.tapped[id(cell)] = (cell, v, index)
         state.assign(cell, marked)
+        return marked
+
+    def tap_stacked(self, cells: Sequence[Any], stacked: Any) -> Any | None:
+        """Differentiate ``cells`` (scanned blocks' parameters of one kind) through their stack.
+
+        ``stacked[b]`` is ``cells[b]``'s value (each holds a
+        :class:`~state.StackedValue` of it). One tap of the stack instead of one
+        per block; each cell is recorded as tapped, with its own index, and
+        its slot holds its block of the tapped stack. None (nothing tapped)
+        unless every cell is one this recorder would tap on its first read.
+        """
+        if self.nested:
+            return None
+        deeper = len(state.local.bound) > self.depth
+        for cell in cells:
+            cid = id(cell)
+            if (
+                not state.requires_grad(cell)
+                or cid in self.tapped
+                or (self.only is not None and cid not in self.only)
+                or (deeper and state.bound_since(cell.__dict__, self.depth))
+            ):
+                return None
+        start = len(self.tapped)
+        indices = tuple(range(start, start + len(cells)))
+        sink = _StackSink(self, indices)
+        if _jax_core.trace_ctx.trace is self.trace:
+            marked = _tap(sink, stacked, self.z)
+        else:
+            with _jax_core.set_current_trace(self.trace):
+                marked = _tap(sink, stacked, self.z)
+        for b, (cell, index) in enumerate(zip(cells, indices)):
+            self.tapped[id(cell)] = (cell, state.raw(cell), index)
+            state.assign(cell, state.StackedValue(marked, b))
         return marked
 
     def tap_array(self, x: Any) -> tuple[Any, int]:

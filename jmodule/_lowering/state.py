@@ -47,6 +47,7 @@ __all__ = [
     "Cell",
     "PackedGrad",
     "Slot",
+    "StackedValue",
     "TreeState",
     "as_array",
     "assign",
@@ -59,9 +60,11 @@ __all__ = [
     "local",
     "lock",
     "peek",
+    "raw",
     "read",
     "requires_grad",
     "rng_slot",
+    "slot_value",
     "touch",
     "tracing",
     "tree_slots",
@@ -137,6 +140,8 @@ def is_cell(x: Any) -> bool:
 def read(cell: Cell) -> Any:
     """``cell``'s value, to compute with: an active ``jm.backward`` in this thread sees it."""
     v = cell.__dict__["_value"]
+    if type(v) is StackedValue:
+        v = _unstack(cell.__dict__)
     recorder = local.recorder
     if recorder is None:
         return v
@@ -145,7 +150,76 @@ def read(cell: Cell) -> Any:
 
 def peek(cell: Cell) -> Any:
     """``cell``'s current value, unseen by gradient recorders (for shapes, updates, I/O)."""
+    v = cell.__dict__["_value"]
+    return _unstack(cell.__dict__) if type(v) is StackedValue else v
+
+
+def raw(cell: Cell) -> Any:
+    """What ``cell``'s value slot holds: its array, or a :class:`StackedValue` (not sliced)."""
     return cell.__dict__["_value"]
+
+
+class StackedValue:
+    """A value a compiled step wrote as one block's slice of a stacked array.
+
+    A compiled training step over scanned blocks (``jm.nn.scan``) reads and
+    writes the blocks' parameters of one kind as one stacked array (one
+    program input and output, not one per block, see ``program.Group``); the
+    value slot of each block's parameter holds this reference until the
+    parameter is read outside the program, which slices it out
+    (:func:`slot_value`) and keeps the slice. Its metadata (shape, dtype)
+    needs no slicing.
+    """
+
+    __slots__ = ("cache", "index", "stack")
+
+    def __init__(self, stack: Any, index: int):
+        self.stack = stack
+        self.index = index
+        #: The block's slice, once taken (what the slot holds after it was read).
+        self.cache: Any = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.stack.shape[1:])
+
+    @property
+    def dtype(self) -> Any:
+        return self.stack.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.stack.ndim - 1
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def itemsize(self) -> int:
+        return self.stack.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.stack.itemsize
+
+    def materialize(self) -> Any:
+        """The block's slice of the stack (taken once)."""
+        v = self.cache
+        if v is None:
+            v = self.cache = self.stack[self.index]
+        return v
+
+
+def _unstack(container: dict, key: str = "_value") -> Any:
+    v = container[key] = container[key].materialize()
+    return v
+
+
+def slot_value(container: dict, key: str) -> Any:
+    """What slot ``(container, key)`` holds, a :class:`StackedValue` sliced out (and kept)."""
+    v = container[key]
+    return _unstack(container, key) if type(v) is StackedValue else v
 
 
 def assign(cell: Cell, value: Any) -> None:
@@ -246,6 +320,10 @@ _METADATA = frozenset(
 )
 
 
+#: The metadata a :class:`StackedValue` answers without slicing its block out.
+_STACKED_METADATA = frozenset({"shape", "dtype", "ndim", "size", "itemsize", "nbytes"})
+
+
 #: What a cell's ``__qualname__`` says: ``torch.typename``, which torch's errors use to
 #: name a non-tensor (``torch.optim.Adam(model.parameters())`` raises "optimizer can only
 #: optimize Tensors, but one of the params is jmodule.nn.parameter.<this>"), reads it.
@@ -282,6 +360,8 @@ class Cell:
                 return TORCH_OPTIM_HINT.format(cls=type(self).__qualname__)
             raise AttributeError(name)
         v = self.__dict__["_value"]
+        if type(v) is StackedValue and name not in _STACKED_METADATA:
+            v = _unstack(self.__dict__)
         if isinstance(v, jax.ShapeDtypeStruct):
             if not hasattr(v, name):
                 raise RuntimeError(f"{META_HELP} (while looking up .{name})")
@@ -301,7 +381,8 @@ class Cell:
         return out if dtype is None else out.astype(dtype)
 
     def __len__(self) -> int:
-        return len(self.__dict__["_value"])
+        v = self.__dict__["_value"]
+        return v.shape[0] if type(v) is StackedValue else len(v)
 
     def __iter__(self):
         return iter(read(self))
@@ -378,7 +459,7 @@ def flatten_cell(cell: Cell) -> tuple[tuple[Any], None]:
 
 #: Attributes of a module, parameter, optimizer or generator that belong to this
 #: module's bookkeeping: never copied, pickled or compared.
-PRIVATE = frozenset({"_jm_version", "_jm_up", "_jm_desc", "_jm_lock"})
+PRIVATE = frozenset({"_jm_version", "_jm_up", "_jm_desc", "_jm_lock", "_jm_stacks"})
 
 
 def without_private(d: dict) -> dict:

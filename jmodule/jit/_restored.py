@@ -20,6 +20,7 @@ import jax
 from jmodule import random as _random
 from jmodule._lowering import state, structure
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
+from jmodule._lowering.state import slot_value as _slot_value
 from jmodule.jit import _spec
 from jmodule.jit._errors import JitError
 from jmodule.nn.modules.module import Module
@@ -283,6 +284,8 @@ class LoadedProgram:
             )
         self._check_modes(root)
         slots = self._slots(root)
+        for c, k in slots:  # a scanned block's parameter held as a block of a stack
+            _slot_value(c, k)
         state = [c[k] for c, k in slots]
         self._check_state(state)
         leaves: list[Any] = []

@@ -133,7 +133,8 @@ class _TensorMethods(Cell):
     # ------------------------------------------------------------------ shape and type
 
     def _meta_or_value(self) -> Any:
-        return state.peek(self)
+        # shape and dtype only: a block of a stacked value needs no slicing for them
+        return state.raw(self)
 
     @property
     def size(self) -> Any:

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._lowering import flat as _flat
 from jmodule._lowering import state
 
 __all__ = [
@@ -158,7 +159,7 @@ class Bucket:
 
     def flat(self, arrays: Sequence[Any]) -> Any:
         """One array per member -> the flat layout (their elements concatenated)."""
-        return jnp.concatenate([jnp.reshape(a, (-1,)) for a in arrays])
+        return _flat.concat([jnp.reshape(a, (-1,)) for a in arrays])
 
     def split(self, flat: Any) -> list[Any]:
         """The flat layout -> one array per member, in its shape."""
@@ -169,7 +170,7 @@ class Bucket:
 
     def expand(self, vec: Any) -> Any:
         """One value per member -> that value repeated over the member's elements."""
-        return jnp.concatenate([jnp.broadcast_to(vec[j], (n,)) for j, n in enumerate(self.sizes)])
+        return _flat.concat([jnp.broadcast_to(vec[j], (n,)) for j, n in enumerate(self.sizes)])
 
     def part(self, leaf: Any, j: int, name: str) -> Any:
         """Member ``j``'s piece of the flat state entry ``leaf`` (named ``name``)."""
@@ -190,7 +191,7 @@ class Bucket:
         """One piece per member -> the flat state entry ``name``."""
         if name in self.per_param:
             return jnp.stack([jnp.reshape(x, ()) for x in parts])
-        return jnp.concatenate([jnp.reshape(x, (-1,)) for x in parts])
+        return _flat.concat([jnp.reshape(x, (-1,)) for x in parts])
 
     def unpack(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every member's ``(public, hidden)`` state, as separate arrays (one dispatch)."""

@@ -29,7 +29,7 @@ import logging
 import operator
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -68,9 +68,135 @@ CHANGED_INSIDE_HELP = (
 )
 
 
+def _stacked_runs(raws: list) -> tuple[tuple[int, int], ...]:
+    """``(first, count)`` of each run of consecutive members holding the blocks of one stack.
+
+    Inside a compiled step over scanned blocks, the blocks' parameters of one
+    kind hold :class:`~jmodule._lowering.state.StackedValue` blocks of one
+    stacked input (``_lowering/program.Group``); the packing lays them out
+    consecutively, in block order (:func:`_scan_order`), so their values are
+    the stacked array's elements in order: one piece of the flat layout.
+    """
+    runs = []
+    i, n = 0, len(raws)
+    while i < n:
+        r = raws[i]
+        if type(r) is _state.StackedValue and r.index == 0:
+            whole, count = r.stack, r.stack.shape[0]
+            if i + count <= n and all(
+                type(raws[i + b]) is _state.StackedValue
+                and raws[i + b].stack is whole
+                and raws[i + b].index == b
+                for b in range(count)
+            ):
+                runs.append((i, count))
+                i += count
+                continue
+        i += 1
+    return tuple(runs)
+
+
+def _pieces(members: Sequence[Parameter], raws: list, runs: tuple) -> list[Any]:
+    """The members' values, each run of blocks of one stack as that stacked array."""
+    out: list[Any] = []
+    starts = dict(runs)
+    i = 0
+    while i < len(members):
+        if i in starts:
+            out.append(raws[i].stack)
+            i += starts[i]
+        else:
+            out.append(_state.peek(members[i]))
+            i += 1
+    return out
+
+
+def _apply_pieces(bucket: Bucket, runs: tuple, values: list, updates: Any) -> list[Any]:
+    """The new value of each piece: ``optax.apply_updates`` of its part of ``updates``."""
+    out = []
+    starts = dict(runs)
+    member = 0
+    for v in values:
+        count = starts.get(member, 1)
+        s = bucket.starts[member]
+        n = sum(bucket.sizes[member : member + count])
+        u = jnp.reshape(updates[s : s + n], v.shape)
+        out.append(optax.apply_updates(v, u))
+        member += count
+    return out
+
+
+def _assign_pieces(members: Sequence[Parameter], runs: tuple, new_values: list) -> None:
+    """Write each piece's new value back: a run's blocks as blocks of its new stack."""
+    starts = dict(runs)
+    member = 0
+    for v in new_values:
+        count = starts.get(member)
+        if count is None:
+            _state.assign(members[member], v)
+            member += 1
+        else:
+            for b in range(count):
+                _state.assign(members[member + b], _state.StackedValue(v, b))
+            member += count
+
+
+def _scan_key(p: Parameter) -> tuple | None:
+    """``(scan module id, path in the block, block index)`` of a scanned block's parameter.
+
+    Found through the parent links a module tree's enumeration leaves
+    (``state.link``): None when ``p`` is not (only) in one ``jm.nn.scan`` block.
+    """
+    holders = [m for m in p.__dict__.get("_jm_up", ()) if "_modules" in m.__dict__]
+    if len(holders) != 1:
+        return None
+    child = holders[0]
+    names = [n for n, q in child.__dict__["_parameters"].items() if q is p]
+    if len(names) != 1:
+        return None
+    path = names
+    for _ in range(64):
+        parents = [m for m in child.__dict__.get("_jm_up", ()) if "_modules" in m.__dict__]
+        if len(parents) != 1:
+            return None
+        parent = parents[0]
+        keys = [k for k, c in parent.__dict__["_modules"].items() if c is child]
+        if len(keys) != 1:
+            return None
+        if getattr(type(parent), "_jm_stacked", False):
+            blocks = [k for k, c in parent.__dict__["_modules"].items() if c is not None]
+            return (id(parent), tuple(path), blocks.index(keys[0]))
+        path = [keys[0], *path]
+        child = parent
+    return None
+
+
+def _scan_order(members: list[Parameter]) -> list[Parameter]:
+    """``members`` with scanned blocks' parameters of one kind together, in block order.
+
+    So that a compiled step over ``jm.nn.scan`` blocks finds each kind's
+    parameters as one consecutive run of the flat layout (the stacked array's
+    elements in order, see :func:`_stacked_runs`). Other members keep their
+    order; the layout is internal (``state_dict()`` is per parameter).
+    """
+    keys = [_scan_key(p) for p in members]
+    if not any(keys):
+        return members
+    first: dict[tuple, int] = {}
+    order = []
+    for i, (p, k) in enumerate(zip(members, keys)):
+        if k is None:
+            order.append(((i, 0), p))
+        else:
+            kind = k[:2]
+            order.append(((first.setdefault(kind, i), k[2]), p))
+    order.sort(key=lambda t: t[0])
+    return [p for _, p in order]
+
+
 def _hyper_dtype(params: list) -> Any:
     """The dtype of a group's hyper-parameter array: float64 if a parameter is float64."""
-    wide = any(jnp.dtype(_state.peek(p).dtype) == jnp.float64 for p in params)
+    wide = any(jnp.dtype(_state.raw(p).dtype) == jnp.float64 for p in params)
     return np.float64 if wide else np.float32
 
 
@@ -850,6 +976,8 @@ class TorchOptimizer(Optimizer):
                 layout, per_param = classified
                 if kind is SharedBucket and not per_param:
                     continue  # nothing to share
+                if kind is Bucket:
+                    members = _scan_order(members)
                 records = [self._records[p][1:] for p in members]  # (public, hidden)
                 bucket = kind(
                     cfg, members, layout, per_param, records, list(records[0][0]), self._part
@@ -895,7 +1023,10 @@ class TorchOptimizer(Optimizer):
 
     def _step_group(self, i: int, group: dict[str, Any], params: list[Parameter]) -> None:
         for p in params:  # the lr must come in as an input, not be baked in
-            self._check_bound(self._hp, _state.peek(p))
+            value = _state.raw(p)  # a block of a stacked value stays unsliced
+            self._check_bound(
+                self._hp, value.stack if type(value) is _state.StackedValue else value
+            )
             self._check_bound(self._hp, p.grad)
         self._organize()
         hp = self._hyper_array(i, group)
@@ -965,9 +1096,11 @@ class TorchOptimizer(Optimizer):
         keep their values and state, as PyTorch skips them.
         """
         members = bucket.params
-        for p in members:
-            value = _state.peek(p)
-            self._check_bound(bucket.store, value)
+        raws = [_state.raw(p) for p in members]
+        for p, value in zip(members, raws):
+            self._check_bound(
+                bucket.store, value.stack if type(value) is _state.StackedValue else value
+            )
             if tuple(value.shape) != bucket.shapes[bucket.index[id(p)]]:
                 self._organized = None  # lay the state out again on the next call
                 raise RuntimeError(
@@ -978,17 +1111,29 @@ class TorchOptimizer(Optimizer):
         treedef, layout = self._layouts[bucket.cfg]
         every = all(mask)
         uniform = bucket.uniform and every
-        make = self._shared_update if isinstance(bucket, SharedBucket) else self._flat_update
-        values = [_state.peek(p) for p in members]
+        shared = isinstance(bucket, SharedBucket)
+        # Scanned blocks' parameters held as one stacked array (a compiled step's input,
+        # see jm.nn.scan): updated as that array, not block by block.
+        runs = () if shared or not every else _stacked_runs(raws)
+        values = _pieces(members, raws, runs)
         grads = [p.grad if m else None for p, m in zip(members, mask)]
-        fn = self._jit(
-            ("bucket", bucket.signature(), mask, uniform),
-            lambda: make(bucket, treedef, layout, mask, uniform),
-        )
+        if shared:
+            fn = self._jit(
+                ("bucket", bucket.signature(), mask, uniform),
+                lambda: self._shared_update(bucket, treedef, layout, mask, uniform),
+            )
+        else:
+            fn = self._jit(
+                ("bucket", bucket.signature(), mask, uniform, runs),
+                lambda: self._flat_update(bucket, treedef, layout, mask, uniform, runs),
+            )
         new_values, new_store = fn(hp, values, grads, bucket.store)
         stepped = [p for p, m in zip(members, mask) if m]
-        for p, v in zip(stepped, new_values):
-            _state.assign(p, v)
+        if runs:
+            _assign_pieces(members, runs, new_values)
+        else:
+            for p, v in zip(stepped, new_values):
+                _state.assign(p, v)
         bucket.store.update(new_store)
         for p in stepped:
             if p not in self.state:
@@ -998,9 +1143,21 @@ class TorchOptimizer(Optimizer):
             self._part()
 
     def _flat_update(
-        self, bucket: Bucket, treedef: Any, layout: tuple, mask: tuple[bool, ...], uniform: bool
+        self,
+        bucket: Bucket,
+        treedef: Any,
+        layout: tuple,
+        mask: tuple[bool, ...],
+        uniform: bool,
+        runs: tuple[tuple[int, int], ...] = (),
     ) -> Callable:
-        """The update of a flat bucket: one optax chain over the concatenated members."""
+        """The update of a flat bucket: one optax chain over the concatenated members.
+
+        ``runs`` (every member stepping): ``(first member, count)`` of the runs
+        of members given as one stacked array (see :func:`_stacked_runs`):
+        ``values`` then has one entry per run or other member, and so has the
+        result.
+        """
         cfg, members = bucket.cfg, bucket.params
         names = [n for n, _, _ in self._hyper]
         every = all(mask)
@@ -1012,10 +1169,11 @@ class TorchOptimizer(Optimizer):
         def update(hp_arr, values, grads, store):
             hyper = {n: hp_arr[j] for j, n in enumerate(names)}
             flat_v = bucket.flat(values)
+            dt = flat_v.dtype  # one dtype per flat bucket
             flat_g = bucket.flat(
                 [
-                    jnp.zeros(v.shape, v.dtype) if g is None else g.astype(v.dtype)
-                    for v, g in zip(values, grads)
+                    jnp.zeros(shape, dt) if g is None else g.astype(dt)
+                    for shape, g in zip(bucket.shapes, grads)
                 ]
             )
             leaves = []
@@ -1037,6 +1195,8 @@ class TorchOptimizer(Optimizer):
                     keep = elem_mask
                 new = new.astype(old.dtype)
                 new_store[n] = new if every else jnp.where(keep, new, old)
+            if runs:
+                return _apply_pieces(bucket, runs, values, updates), new_store
             new_values = [
                 optax.apply_updates(v, u)
                 for v, u, m in zip(values, bucket.split(updates), mask)

@@ -20,6 +20,16 @@ block by block, into the first block, which runs as the scan body:
   and are written back to each block;
 * the default generator's key is carried from one block to the next, so each
   block draws its own dropout masks: the very masks the unrolled loop draws.
+
+Inside a ``jm.compile`` step the blocks' parameters of one kind are moreover
+*held* stacked across calls (``_lowering/program.Group``): the step reads
+one stacked array per kind, the scan body uses it as it is (one gradient tap
+for the stack), the optimizer updates it as one piece of its flat layout, and
+the step writes one stacked array back. Between calls each block's
+``Parameter`` holds its block of it (``state.StackedValue``), sliced out
+when read; a block changed or replaced outside the step is stacked again by
+the next call. So the program's inputs, outputs and XLA kernels do not grow
+with depth either.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from jax._src.interpreters import partial_eval as _pe
 
 from jmodule import random as _random
 from jmodule._lowering import binding, state
+from jmodule._lowering import flat as _flat
 from jmodule.nn.modules import _hooks
 from jmodule.nn.modules.module import Module, _indent
 
@@ -194,6 +205,10 @@ class Scan(Module):
       it belongs to. Hooks on the ``Scan`` module itself work as usual.
     """
 
+    #: A compiled step reads and writes the blocks' parameters stacked, one array per
+    #: kind (``_lowering/compiled._groups``), kept in ``__dict__["_jm_stacks"]``.
+    _jm_stacked = True
+
     def __init__(self, blocks: Iterable[Module] | Module, *, unroll: int | bool = 1) -> None:
         super().__init__()
         if isinstance(blocks, Module):
@@ -338,6 +353,10 @@ class Scan(Module):
                 )
         stacked = []
         for j in range(len(tree0.slots)):
+            whole = _read_stacked([cs[j] for cs in cells])
+            if whole is not None:  # a compiled step's stacked input, as it came in
+                stacked.append(whole)
+                continue
             values = []
             for (key, _), tree, cs in zip(named, trees, cells):
                 container, name = tree.slots[j]
@@ -354,7 +373,7 @@ class Scan(Module):
                     f"{tuple(values[bad].shape)} and dtype {values[bad].dtype} where "
                     f"'{named[0][0]}.{tree0.names[j]}' has {ref[0]} and {ref[1]}"
                 )
-            stacked.append(jnp.stack(values))
+            stacked.append(_flat.stack(values))
 
         carry_leaves, carry_tree = jax.tree_util.tree_flatten(input, is_leaf=state.is_cell)
         carry_leaves = [state.as_array(x) for x in carry_leaves]
@@ -407,6 +426,30 @@ class Scan(Module):
                 raise RuntimeError(_random._FOREIGN_TRACE)
             key_slot[0][key_slot[1]] = new_key
         return jax.tree_util.tree_unflatten(carry_tree, leaves)
+
+
+def _read_stacked(column: list[Any]) -> Any:
+    """The blocks' parameters of one kind as the stack they are blocks of, or None.
+
+    Inside a compiled step that reads them stacked (``program.Group``) each
+    holds a :class:`~state.StackedValue` of one stacked input: that array is
+    used as it is (with one gradient tap for all of them), instead of
+    stacking the blocks' slices again. None when the column is not exactly
+    that (buffers, values of their own, some already read in this gradient).
+    """
+    if column[0] is None:
+        return None
+    refs = [state.raw(c) for c in column]
+    whole = getattr(refs[0], "stack", None)
+    if whole is None or whole.shape[0] != len(column):
+        return None
+    for b, r in enumerate(refs):
+        if type(r) is not state.StackedValue or r.stack is not whole or r.index != b:
+            return None
+    recorder = state.local.recorder
+    if recorder is None or not any(state.requires_grad(c) for c in column):
+        return whole
+    return recorder.tap_stacked(column, whole)
 
 
 def _cells(tree: state.TreeState) -> list[Any]:
@@ -474,13 +517,14 @@ def scan(blocks: Iterable[Module] | Module, *, unroll: int | bool = 1) -> Scan:
     ``scan(blocks)(x, *args)`` computes ``for block in blocks: x = block(x,
     *args)``: the same outputs, gradients (each block's ``.grad``), buffer
     updates and dropout draws, but the compiled program holds one block,
-    run once per block over the blocks' stacked state. What still grows with
-    depth is each block's parameters' own bookkeeping (one program input,
-    gradient and optimizer update per Parameter, as the contract of
-    per-block Parameters asks): on a shared 2-core XLA:CPU host a 48-block
-    GPT-style training step with small widths traced and compiled in 2.1x
-    to 2.6x the time of a 4-block one (unrolled: 2.7x to 5.6x; noisy, see
-    ``benchmarks/scan.py``).
+    run once per block over the blocks' stacked state. Inside a
+    ``jm.compile`` training step the blocks' parameters are read, updated by
+    the optimizer and written back stacked, one array per kind (each block's
+    ``Parameter`` then holds its block of it until read), so the program's
+    inputs, outputs and XLA kernels do not grow with depth; what still does
+    is Python bookkeeping per Parameter (gradients, optimizer state, which
+    stay per block as PyTorch's). See ``benchmarks/scan.py`` for the measured
+    trace+compile time of 48 blocks against 4.
 
     The blocks stay child modules under their own names, so ``state_dict()``
     keys and values are the unscanned ones and PyTorch weights load
