@@ -15,12 +15,16 @@ Adam), built twice: every block called directly, and every block under
 
 XLA:CPU removes JAX's optimization barriers (its OptimizationBarrierExpander
 pass) before scheduling; XLA:GPU removes them only after. Without them the
-CPU scheduler is free to run each block's recomputation early, during the
-forward pass, so the recomputed activations live as long as stored ones
-would: on CPU the step pays the recomputation (time) and saves no temporary
-memory, whatever jmodule does. The program XLA receives does hold the
-recomputation, one per block (``tests/test_utils_checkpoint.py`` checks
-it). Run it on a GPU for the memory figure.
+CPU compiler is free to merge each block's recomputation with the forward
+pass or run it early, so with a plain ``jax.checkpoint`` the recomputed
+activations live as long as stored ones would: the step paid the
+recomputation and saved no temporary memory (checkpointed / plain 1.008,
+1.40x the step time, before the change below). On CPU,
+``jm.utils.checkpoint`` therefore makes each block's recomputation depend on
+the cotangent arriving at that block (a ``jax.custom_vjp`` whose backward
+rule selects every saved input through a condition computed from the
+cotangent, see ``jmodule/utils/checkpoint.py``), so it cannot run before the
+backward pass reaches the block; on GPU/TPU it is ``jax.checkpoint`` as is.
 
 Run: ``.venv/bin/python benchmarks/remat.py [--blocks 24] [--rounds 7]``
 """
@@ -128,7 +132,7 @@ def main() -> None:
         f"(target <= {TARGET:.3f}): {verdict}"
     )
     if verdict == "MISS" and platform == "cpu":
-        print("  (XLA:CPU drops the optimization barriers before scheduling: see the docstring)")
+        print("  (on CPU the recomputation should wait for the cotangent: see the docstring)")
     print(
         f"step time: plain {statistics.median(rounds['plain']) * 1e3:.2f} ms, checkpointed "
         f"{statistics.median(rounds['checkpointed']) * 1e3:.2f} ms, paired median ratio "

@@ -344,12 +344,10 @@ def _lowered_step(ck: bool):
 def test_compiled_step_recomputes_each_block():
     """The program handed to XLA recomputes every checkpointed block in the backward pass.
 
-    What XLA does with it depends on the backend: XLA:GPU/TPU keep JAX's
-    optimization barriers until after scheduling, so the recomputation runs in
-    the backward pass (less temporary memory: benchmarks/remat.py); XLA:CPU
-    removes them before scheduling and may run the recomputation early, so on
-    CPU ``memory_analysis()`` does not fall and the memory ratio is not
-    asserted here.
+    XLA:GPU/TPU keep JAX's optimization barriers until after scheduling, so
+    the recomputation runs in the backward pass; XLA:CPU removes them before
+    scheduling, so there the recomputation also depends on the cotangent (the
+    temporary memory it saves: tests/test_utils_checkpoint_cpu_memory.py).
     """
     plain = _lowered_step(False).as_text()
     remat = _lowered_step(True).as_text()

@@ -26,6 +26,34 @@ What ``fn`` does to jmodule state behaves as without checkpointing:
 A buffer of a module ``fn`` reaches only in another way (a global, an
 attribute of an unrelated object) is not threaded: writing it inside the
 region raises. Pass that module, or a function holding it, instead.
+
+Where the recomputation runs, per backend:
+
+* GPU and TPU: ``jax.checkpoint`` as it is. Its optimization barriers keep
+  each recomputation in the backward pass until XLA has scheduled it.
+* CPU: XLA:CPU expands those barriers before it schedules
+  (OptimizationBarrierExpander), after which nothing stops the
+  recomputation from being merged with the forward pass or run early, so a
+  plain ``jax.checkpoint`` costs the recomputation and saves no memory there
+  (``benchmarks/remat.py``). So on CPU the region runs through a
+  ``jax.custom_vjp``: its forward rule is ``jax.vjp`` of ``jax.checkpoint``
+  of the region (only the inputs, or what ``policy`` saves, are kept), and
+  its backward rule first makes every kept value depend on the cotangent
+  arriving at the region (``where(c, x, 0)`` with ``c`` a comparison that is
+  always true, computed from the sum of the cotangent, which XLA cannot
+  fold), then runs the saved pullback. The recomputation cannot start before
+  the backward pass reaches the region, on any scheduler. Values are the
+  same (``where`` of a true condition is exact); the recomputation costs
+  about one more forward pass, as on GPU.
+
+  Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``,
+  ``jax.linearize``) has no ``custom_vjp`` rule: under it the region uses
+  ``jax.checkpoint``, which forward mode differentiates as ``fn`` itself
+  (forward mode keeps no activations for a backward pass, so nothing is
+  lost). Second derivatives (``jax.grad`` of ``jax.grad``) go through the
+  ``custom_vjp``, whose backward rule is differentiable. With
+  ``jax_use_direct_linearize`` off, ``jax.vjp`` itself is forward mode
+  followed by transposition, and the region uses ``jax.checkpoint``.
 """
 
 from __future__ import annotations
@@ -36,7 +64,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax._src import core as _jax_core
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import partial_eval as _pe
+from jax.extend import core as jex_core
+from jax.extend.core import jaxpr_as_fun
 
 from jmodule import random as _random
 from jmodule._lowering import binding, state
@@ -152,6 +186,120 @@ def _buffer_slots(modules: Iterable[Module]) -> tuple[list[state.Slot], list[Mod
     return slots, owners
 
 
+def _recompute_after_cotangent() -> bool:
+    """Whether this region recomputes behind a dependency on its cotangent (see the module).
+
+    On XLA:CPU only (elsewhere ``jax.checkpoint``'s barriers already keep the
+    recomputation in the backward pass), and not under forward-mode
+    differentiation (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``,
+    ``jax.linearize``): a ``jax.custom_vjp`` has no forward mode, and forward
+    mode keeps no activations for a backward pass anyway. ``jax.vjp`` and
+    ``jax.grad`` (``jm.backward``) trace with a ``LinearizeTrace`` marked
+    ``is_vjp``; ``jax.linearize`` with one that is not.
+    """
+    if jax.default_backend() != "cpu":
+        return False
+    trace = _jax_core.trace_ctx.trace
+    while trace is not None:
+        if isinstance(trace, _ad.JVPTrace) or (
+            isinstance(trace, _ad.LinearizeTrace) and not trace.is_vjp
+        ):
+            return False  # forward mode: jax.jvp, jax.jacfwd, jax.linearize
+        trace = getattr(trace, "parent_trace", None)
+    return True
+
+
+def _keep_until(ready: jax.Array, x: Any) -> Any:
+    """``x`` itself, computed from ``ready`` (always True) so nothing can run before ``ready``."""
+    if not isinstance(x, jax.Array) or x.dtype == jax.dtypes.float0:
+        return x
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = jax.random.key_data(x)
+        return jax.random.wrap_key_data(
+            jnp.where(ready, data, jnp.zeros_like(data)), impl=jax.random.key_impl(x)
+        )
+    return jnp.where(ready, x, jnp.zeros_like(x))
+
+
+def _arrived(cotangents: Any) -> jax.Array | None:
+    """A boolean that is True, computed from a cotangent (None: no floating one)."""
+    for g in jax.tree_util.tree_leaves(cotangents):
+        if isinstance(g, jax.Array) and g.size and jnp.issubdtype(g.dtype, jnp.inexact):
+            # a reduction, not one element: XLA duplicates an element's producers into
+            # every consumer fusion, a reduction it computes once
+            s = jnp.sum(g)
+            # 0 for every value of s (inf and NaN too); XLA cannot fold it, s is computed
+            return jnp.where(jnp.isfinite(s), s, 0) * 0 == 0
+    return None
+
+
+def _after_cotangent(
+    region: Callable[..., Any], policy: Callable[..., bool] | None, args: tuple
+) -> Any:
+    """``region(*args)``, differentiated with its recomputation waiting for its cotangent.
+
+    The region is traced once (``jax.make_jaxpr``: its Python runs here, once).
+    Its floating outputs come from a ``jax.custom_vjp`` whose forward rule is
+    ``jax.vjp`` of ``jax.checkpoint`` of the traced program (so only the
+    inputs, or what ``policy`` saves, are kept) and whose backward rule first
+    makes every kept value depend on the incoming cotangent, then runs the
+    saved pullback. Its other outputs (the generator's key, integer buffers),
+    which have no cotangent, come from the program without them, outside the
+    ``custom_vjp``, so they stay concrete where they would without it. The
+    values the tracing closed over are explicit inputs: a ``custom_vjp``
+    function may not close over what is differentiated.
+    """
+    flat, in_tree = jax.tree_util.tree_flatten(args)
+    closed, shapes = jax.make_jaxpr(
+        lambda *a: region(*jax.tree_util.tree_unflatten(in_tree, a)), return_shape=True
+    )(*flat)
+    out_tree = jax.tree_util.tree_structure(shapes)
+    program = _pe.convert_constvars_jaxpr(closed.jaxpr)  # consts first, then ``flat``
+    inputs = [*closed.consts, *flat]
+    real = [jnp.issubdtype(a.dtype, jnp.inexact) for a in closed.out_avals]
+    out: list[Any] = [None] * len(real)
+
+    def run(jaxpr: Any, inputs: list) -> list:
+        return jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, ()))(*inputs)
+
+    if not all(real):
+        others, _ = _pe.dce_jaxpr(program, [not r for r in real], instantiate=True)
+        for i, v in zip([i for i, r in enumerate(real) if not r], run(others, inputs)):
+            out[i] = v
+    if any(real):
+        floating, _ = _pe.dce_jaxpr(program, real, instantiate=True)
+        if closed.effects:  # a custom_vjp cannot carry effects: as jax.checkpoint does
+            values = jax.checkpoint(functools.partial(run, floating), policy=policy)(inputs)
+        else:
+            values = _recompute_call(floating, policy, inputs)
+        for i, v in zip([i for i, r in enumerate(real) if r], values):
+            out[i] = v
+    return jax.tree_util.tree_unflatten(out_tree, out)
+
+
+def _recompute_call(jaxpr: Any, policy: Callable[..., bool] | None, inputs: list) -> list:
+    """``jaxpr(*inputs)`` under a ``custom_vjp`` that recomputes it after its cotangent."""
+
+    def run(inputs: list) -> list:
+        return jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, ()))(*inputs)
+
+    @jax.custom_vjp
+    def call(inputs: list) -> list:
+        return run(inputs)
+
+    def forward(inputs: list) -> tuple:
+        return jax.vjp(jax.checkpoint(run, policy=policy), inputs)
+
+    def backward(pullback: Any, cotangents: list) -> tuple:
+        ready = _arrived(cotangents)
+        if ready is not None:
+            pullback = jax.tree_util.tree_map(functools.partial(_keep_until, ready), pullback)
+        return pullback(cotangents)
+
+    call.defvjp(forward, backward)
+    return call(inputs)
+
+
 def _is_dynamic(x: Any) -> bool:
     """Whether an argument leaf is an array the checkpointed region takes as an input."""
     return isinstance(x, (jax.Array, np.ndarray, state.Cell))
@@ -208,7 +356,12 @@ def _run(
         )
         return [out_leaves[i] for i in arrays], [new_buffers[i] for i in changed], new_key
 
-    outs, new_buffers, new_key = jax.checkpoint(region, policy=policy)(dynamic, buffer_values, key)
+    if _recompute_after_cotangent():
+        outs, new_buffers, new_key = _after_cotangent(region, policy, (dynamic, buffer_values, key))
+    else:
+        outs, new_buffers, new_key = jax.checkpoint(region, policy=policy)(
+            dynamic, buffer_values, key
+        )
     for i, v in zip(box["changed"], new_buffers):
         container, name = slots[i]
         owners[i]._set_buffer(container, name, v)
@@ -244,9 +397,9 @@ def checkpoint(
     on ``jax.checkpoint``: the same values and gradients as calling
     ``function`` directly, with only the region's inputs kept for the
     backward pass (or what ``policy`` saves). Memory falls in a compiled
-    training step on GPU and TPU; XLA:CPU drops the barriers that keep the
-    recomputation in the backward pass before it schedules, so there it
-    costs time and saves no memory (``benchmarks/remat.py``).
+    training step on every backend; on CPU the recomputation is made to
+    wait for the region's cotangent, as the module docstring describes
+    (``benchmarks/remat.py`` measures it).
 
     Args:
         function: what to run: a module, a bound method, or any function of
