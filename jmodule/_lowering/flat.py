@@ -9,7 +9,9 @@ fuses a ``concatenate`` with its slicing producers only while it has at most
 its own (measured: one per scanned block parameter, each compiled by LLVM).
 Concatenated in chunks of at most that many, each chunk behind an
 ``optimization_barrier`` (so the simplifier does not flatten the nesting
-back), the whole gather compiles into a handful of fused kernels.
+back), the whole gather compiles into a handful of fused kernels. On other
+backends (GPU, TPU: no such limit measured, and barriers there would keep XLA
+from fusing) it is one ``concatenate``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def concat(parts: Sequence[Any]) -> Any:
     if len({p.dtype for p in parts}) > 1:  # promote as jnp.concatenate does
         dtype = jnp.result_type(*parts)
         parts = [p.astype(dtype) for p in parts]
+    if jax.default_backend() != "cpu":
+        # The limit is XLA:CPU's; elsewhere barriers would only keep XLA from fusing.
+        return parts[0] if len(parts) == 1 else jax.lax.concatenate(parts, 0)
     k = FUSED_OPERANDS
     while len(parts) > k:
         parts = [
