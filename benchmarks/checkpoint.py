@@ -17,7 +17,8 @@ Fair baselines. jm's save is durable (every file it wrote is fsync'ed before
 the commit); ``numpy.save`` and ``torch.save`` are not, so they are also timed
 with an fsync of what they wrote ("+fsync"). The plain Orbax contender uses
 the very handler options jm writes with (``_directory.ORBAX_OPTIONS``: OCDBT,
-zarr3, no compression, Orbax's default concurrency) and the same durability
+zarr3, no compression, Orbax's default concurrency; and jm's OCDBT data file
+size, ``ocdbt_target_data_file_size=_orbax_writer.TARGET_DATA_FILE_SIZE``) and the same durability
 (TensorStore fsyncs its data files; the other files Orbax writes are fsync'ed
 afterwards, as jm does); its restore places every array on the device with
 ``ArrayRestoreArgs(sharding=...)``. Loads read from the page cache (the files
@@ -101,7 +102,7 @@ def main() -> None:
     import orbax.checkpoint as ocp
     import torch  # the benchmark's comparison only; jm never imports torch
 
-    from jmodule.serialization import _atomic, _directory
+    from jmodule.serialization import _atomic, _directory, _orbax_writer
 
     root = Path(tempfile.mkdtemp(dir=args.dir, prefix="jm-ckpt-bench-"))
     sd = make_state(args.mib, args.arrays)
@@ -170,7 +171,12 @@ def main() -> None:
 
     def orbax_save():
         checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(**_directory.ORBAX_OPTIONS))
-        checkpointer.save(odir, args=ocp.args.PyTreeSave(dict(sd)))
+        checkpointer.save(
+            odir,
+            args=ocp.args.PyTreeSave(
+                dict(sd), ocdbt_target_data_file_size=_orbax_writer.TARGET_DATA_FILE_SIZE
+            ),
+        )
         checkpointer.close()
         _atomic.fsync_tree(odir)  # the durability jm gives (files outside TensorStore's)
         _atomic.fsync_dir(root)

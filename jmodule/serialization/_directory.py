@@ -658,7 +658,9 @@ def _read_direct(
             parts.append((bounds, buf, ts.array(buf, copy=False, write=True).write(view)))
         reads.append((e, target, parts))
     out: dict[str, Any] = {}
-    with _checksum.Batch() as batch:
+    # Two checksum threads: one falls behind TensorStore's reads from the page cache
+    # (a 256 MiB / 100-array load on 2 cores: 170 ms against 180 ms with one).
+    with _checksum.Batch(2) as batch:
         summed = []
         for e, target, parts in reads:
             for _, _, future in parts:

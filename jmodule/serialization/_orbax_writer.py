@@ -10,7 +10,9 @@ TensorStore's work:
 * each array through the TensorStore spec Orbax writes it with
   (``orbax.checkpoint.type_handlers.get_json_tspec_write``: zarr3 in one
   OCDBT database, uncompressed, Orbax's OCDBT configuration) and Orbax's
-  TensorStore context, all in one atomic TensorStore transaction (what Orbax
+  TensorStore context (OCDBT data files of :data:`TARGET_DATA_FILE_SIZE`,
+  Orbax's ``ocdbt_target_data_file_size`` option), all in one atomic
+  TensorStore transaction (what Orbax
   itself does when it is given no byte limit), written straight from the
   arrays' memory (no copy);
 * the files beside the arrays as Orbax writes them: ``_METADATA`` (the tree),
@@ -36,6 +38,12 @@ from typing import Any
 import jax
 import numpy as np
 
+#: OCDBT's target data file size (Orbax's ``ocdbt_target_data_file_size`` save option).
+#: Orbax's default on a local disk, 2 GiB, puts every array into one data file, written
+#: by one thread; in files of 32 MiB TensorStore writes several at once (on 2 cores, a
+#: 256 MiB / 100-array save: 0.74x the time; measured 16 MiB to 2 GiB, 1 to 1000
+#: arrays, in one transaction, where no size was slower than the default).
+TARGET_DATA_FILE_SIZE = 32 * 2**20
 #: The PyTree handler whose checkpoints these are (named in ``_CHECKPOINT_METADATA``).
 HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
 
@@ -160,12 +168,14 @@ class Writer:
     def _start(self, ocp: Any, ts: Any, context: Any) -> None:
         """Open every array in the transaction and start its write."""
         specs = _Specs(ocp, self._directory, context)
-        opening = [
-            ts.open(
-                specs.of(name, data), create=True, open=True, context=context, transaction=self._txn
+        opening = []
+        for name, data in self._host.items():
+            spec = specs.of(name, data)  # may be a template: changed in a copy
+            kvstore = {**spec["kvstore"], "target_data_file_size": TARGET_DATA_FILE_SIZE}
+            spec = {**spec, "kvstore": kvstore}
+            opening.append(
+                ts.open(spec, create=True, open=True, context=context, transaction=self._txn)
             )
-            for name, data in self._host.items()
-        ]
         self._writes = []
         for future, data in zip(opening, self._host.values()):
             store = future.result()
