@@ -35,10 +35,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax
 import optax
 from harness import RESULTS, figure, median_ratio, run_tables, save_results
+from train_step import floor_loss, jm_mlp
 
 import jmodule as jm
 import jmodule.nn.functional as F
-from jmodule import nn, optim
+from jmodule import optim
 
 OPTIMIZERS: dict[str, Callable] = {
     "SGD (momentum)": lambda ps: optim.SGD(ps, lr=1e-2, momentum=0.9),
@@ -63,20 +64,11 @@ MODELS = (
 )
 
 
-def mlp(sizes: tuple[int, ...]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 def contestants(name: str, sizes: tuple[int, ...], batch: int) -> dict[str, Callable]:
     x = jax.random.normal(jax.random.key(0), (batch, sizes[0]))
     y = jax.random.randint(jax.random.key(1), (batch,), 0, sizes[-1])
     jm.manual_seed(0)
-    model = mlp(sizes)
+    model = jm_mlp(sizes)
     opt = OPTIMIZERS[name](list(model.parameters()))
 
     @jm.compile
@@ -102,16 +94,8 @@ def contestants(name: str, sizes: tuple[int, ...], batch: int) -> dict[str, Call
         "opt": [None if tx is None else tx.init(v) for tx, v in zip(txs, params)],
     }
 
-    def loss_fn(params, x, y):
-        h = x
-        for i in range(0, len(params), 2):
-            h = h @ params[i].T + params[i + 1]
-            if i < len(params) - 2:
-                h = jax.nn.relu(h)
-        return optax.softmax_cross_entropy_with_integer_labels(h, y).mean()
-
     def _floor(params, opt_states, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        loss, grads = jax.value_and_grad(floor_loss)(params, x, y)
         out_p, out_s = [], []
         for tx, p, g, s in zip(txs, params, grads, opt_states):
             if tx is None:

@@ -60,6 +60,16 @@ def jm_mlp(sizes: tuple[int, ...]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def floor_loss(params: list, x: jax.Array, y: jax.Array) -> jax.Array:
+    """The MLP's cross-entropy in plain JAX, over ``[W0, b0, W1, b1, ...]`` (PyTorch layout)."""
+    h = x
+    for i in range(0, len(params), 2):
+        h = h @ params[i].T + params[i + 1]
+        if i < len(params) - 2:
+            h = jax.nn.relu(h)
+    return optax.softmax_cross_entropy_with_integer_labels(h, y).mean()
+
+
 def contestants(sizes: tuple[int, ...], batch: int) -> tuple[dict[str, Callable], dict]:
     key = jax.random.key(0)
     x = jax.random.normal(key, (batch, sizes[0]))
@@ -81,16 +91,8 @@ def contestants(sizes: tuple[int, ...], batch: int) -> tuple[dict[str, Callable]
     tx = optax.adam(LR)
     state = {"params": params, "opt": tx.init(params)}
 
-    def loss_fn(params, x, y):
-        h = x
-        for i in range(0, len(params), 2):
-            h = h @ params[i].T + params[i + 1]
-            if i < len(params) - 2:
-                h = jax.nn.relu(h)
-        return optax.softmax_cross_entropy_with_integer_labels(h, y).mean()
-
     def _floor(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        loss, grads = jax.value_and_grad(floor_loss)(params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
