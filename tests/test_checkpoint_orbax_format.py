@@ -220,3 +220,33 @@ def test_typed_prng_keys_are_refused_with_what_to_do(tmp_path):
     np.testing.assert_array_equal(
         np.asarray(jms.load(tmp_path / "raw")["gen"]), np.asarray(jax.random.PRNGKey(0))
     )
+
+
+def _mmap_metrics() -> dict[str, int]:
+    found = ts.experimental_collect_matching_metrics(
+        "/tensorstore/file/mmap", include_zero_metrics=True
+    )
+    return {m["name"].rsplit("/", 1)[-1]: m["values"][0]["value"] for m in found}
+
+
+def test_load_maps_the_data_files_and_keeps_no_mapping(tmp_path):
+    # TensorStore's memmap file mode: each array is copied once, from the page cache
+    # into its own buffer (no intermediate read buffer). The arrays returned are
+    # copies: once jm.load returns nothing is mapped, so a later truncation or
+    # deletion of the files cannot touch them.
+    rng = np.random.default_rng(1)
+    state = {
+        "big": rng.standard_normal((512, 1024), dtype=np.float32),
+        "small": rng.standard_normal(10, dtype=np.float32),
+    }
+    jms.save(state, tmp_path / "ck")
+    before = _mmap_metrics()
+    loaded = jms.load(tmp_path / "ck")
+    after = _mmap_metrics()
+    assert after["mmap_count"] > before["mmap_count"]
+    assert after["mmap_bytes"] - before["mmap_bytes"] >= state["big"].nbytes
+    assert after["mmap_active"] == 0
+    for f in (tmp_path / "ck" / "arrays" / "d").iterdir():
+        f.write_bytes(b"")
+    for key, value in state.items():
+        np.testing.assert_array_equal(np.asarray(loaded[key]), value)

@@ -173,6 +173,15 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
     a compressed zip record is refused before it inflates past what its
     storage needs. Each refusal is a :class:`CorruptCheckpointError`.
 
+    A checkpoint directory's data files and ``.safetensors`` files are read
+    through read-only memory maps (TensorStore's and safetensors' own), and
+    the arrays returned are copies, so nothing stays mapped. As with any
+    mapped read (``numpy.load(mmap_mode=...)``, ``torch.load(mmap=True)``),
+    a file truncated by another process *while* it is being loaded ends this
+    process with ``SIGBUS``; jm itself never rewrites a checkpoint's files in
+    place (a save writes a new directory beside and renames it). A file
+    truncated before the load is a :class:`CorruptCheckpointError`.
+
     Args:
         path: the checkpoint directory or file.
         map_location: where arrays land, as ``Module.to`` takes it: a device

@@ -588,6 +588,11 @@ def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[at : at + n].view(dtype).reshape(shape)
 
 
+#: TensorStore's file mode for reading: data files are mapped into memory (read-only),
+#: not read into buffers of TensorStore's own.
+_MAPPED = {"file_io_mode": {"mode": "memmap"}}
+
+
 def _read_direct(
     src: Path, entries: list[_Entry], place: MapLocation, verify: bool
 ) -> tuple[dict[str, Any], dict[str, str]] | None:
@@ -619,9 +624,16 @@ def _read_direct(
     keys = {e.stored: e.key for e in wanted}
     # Orbax allows 128 file reads at once, for remote storage; a local file (mostly
     # from the page cache) reads faster with about one per core (on 2 cores: ~20%).
-    context = ocp.type_handlers.get_ts_context(
+    orbax_context = ocp.type_handlers.get_ts_context(
         use_ocdbt=True, file_io_concurrency_limit=max(4, os.cpu_count() or 1)
     )
+    # TensorStore maps the data files (its "memmap" file mode) instead of reading
+    # them into buffers of its own: each array is then copied once, from the page
+    # cache into its destination, and no intermediate buffer is page-faulted in
+    # (256 MiB / 100 arrays on 2 cores, unverified: 150 ms -> 81-97 ms). The arrays
+    # returned never point into a mapping (they are copies), so nothing of a
+    # checkpoint stays mapped after the load.
+    context = ts.Context({**orbax_context.spec.to_json(), **_MAPPED})
 
     def spec(name: str) -> dict:
         info = ocp.type_handlers.ParamInfo(
