@@ -11,7 +11,10 @@ issue ran them:
 * a script saves asynchronously with ``max_to_keep=2`` and exits without
   waiting (8 runs each: off the end, ``sys.exit(0)``): runs whose last step is
   missing or damaged, and their exit codes; plus runs whose last save fails,
-  which must exit non-zero with the error on stderr.
+  which must exit non-zero with the error on stderr;
+* a thread, then another process, loads a path again and again while
+  ``jm.save(overwrite=True)`` replaces it 60 times: loads that failed, that
+  returned a mixture of two checkpoints, or an older step than the one before.
 
 Exits non-zero if any run lost a checkpoint or hid an error.
 
@@ -37,6 +40,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=30, help="two-thread trials")
     parser.add_argument("--steps", type=int, default=12, help="steps of the two managers")
     parser.add_argument("--exits", type=int, default=8, help="runs per way of exiting")
+    parser.add_argument("--overwrites", type=int, default=60, help="saves under a loader")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(dir=args.dir, prefix="jm-races-"))
@@ -90,6 +94,18 @@ def main() -> int:
                 f"{lost}/{args.exits} runs (exit codes {codes})"
             )
             bad += lost + sum(r.returncode != 0 for r in runs)
+        for process in (False, True):
+            (work / f"load-{process}").mkdir()
+            out = _save_races.load_race(
+                work / f"load-{process}", saves=args.overwrites, process=process
+            )
+            print(
+                f"loads in {'another process' if process else 'a thread'} during "
+                f"{args.overwrites} overwrites: {out.failed} of {out.loads + out.failed} "
+                f"failed, {out.mixed} mixed, {out.out_of_order} out of order"
+                + (f" (first: {out.errors[0]})" if out.errors else "")
+            )
+            bad += out.failed + out.mixed + out.out_of_order
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{time.monotonic() - start:.0f} s; {'FAILED' if bad else 'all good'}")

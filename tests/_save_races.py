@@ -9,7 +9,9 @@ Used by ``tests/test_checkpoint_races.py`` (a few trials) and
   their saves overlap;
 * :func:`exit_trial`: a process saves in the background (``max_to_keep=2``)
   and exits without waiting: off the end of the script, by ``sys.exit(0)``,
-  by an exception, or with the last save failing.
+  by an exception, or with the last save failing;
+* :func:`load_race`: a thread or another process loads a path again and again
+  while ``jm.save(overwrite=True)`` keeps replacing it.
 
 Child processes get this checkout first on their path, then the parent's
 ``PYTHONPATH``.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import errno
+import itertools
 import json
 import os
 import re
@@ -301,6 +304,95 @@ def exit_trial(directory: Path, how: str, mb: float = 4.0) -> ExitOutcome:
     return ExitOutcome(how, proc.returncode, steps, intact, proc.stderr, leftovers)
 
 
+# --------------------------------------------------------------------------- loads
+
+
+@dataclasses.dataclass
+class LoadOutcome:
+    loads: int  # loads that returned
+    errors: list[str]  # loads that raised (the first few, as repr)
+    failed: int  # how many raised
+    mixed: int  # returned something that is not one whole saved step
+    out_of_order: int  # a load saw an older step than the one before it
+
+
+def _loads_until(
+    path: Path, stop: threading.Event | Path, mb: float, started: Path | None = None
+) -> dict:
+    """Load ``path`` until ``stop`` is set (an event) or exists (a file); what was seen.
+
+    Loads at least once; touches ``started`` (if given) after each load.
+    """
+    import jmodule.serialization as jms
+
+    seen, errors, failed, mixed = [], [], 0, 0
+    stopped = stop.is_set if isinstance(stop, threading.Event) else stop.exists
+    while not stopped() or not seen + errors:
+        try:
+            obj = jms.load(path)
+        except Exception as e:  # counted: the figure is how often this happens
+            failed += 1
+            errors.append(repr(e)[:300])
+            continue
+        step = obj.get("step") if isinstance(obj, dict) else None
+        if not isinstance(step, int) or not holds(obj, 0, step, mb):
+            mixed += 1
+        else:
+            seen.append(step)
+        if started is not None:
+            started.touch()
+    order = sum(b < a for a, b in itertools.pairwise(seen))
+    return {"seen": seen, "errors": errors[:5], "failed": failed, "mixed": mixed, "order": order}
+
+
+def load_worker(path: str, stop: str, out: str, mb: float) -> None:
+    """Child process of :func:`load_race`: loads until ``stop`` exists, writes what it saw."""
+    seen = _loads_until(Path(path), Path(stop), mb, started=Path(f"{out}.started"))
+    Path(out).write_text(json.dumps(seen))
+
+
+def load_race(
+    directory: Path, saves: int = 24, mb: float = 0.25, process: bool = False
+) -> LoadOutcome:
+    """Overwrite ``directory/ckpt`` ``saves`` times while a thread (or a process) loads it."""
+    import jmodule.serialization as jms
+
+    path = directory / "ckpt"
+    jms.save(state(0, 0, mb), path)
+    if process:
+        stop, out = directory / "stop", directory / "seen.json"
+        started = Path(f"{out}.started")
+        child = subprocess.Popen(
+            [sys.executable, __file__, "load", str(path), str(stop), str(out), str(mb)],
+            env=child_env(),
+        )
+        try:
+            deadline = time.monotonic() + 120  # the child imports jax, then loads once
+            while not started.exists() and child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for step in range(1, saves + 1):
+                jms.save(state(0, step, mb), path, overwrite=True)
+        finally:
+            stop.touch()
+            child.wait(timeout=300)
+        seen = json.loads(out.read_text())
+    else:
+        done = threading.Event()
+        box: dict = {}
+        loader = threading.Thread(target=lambda: box.update(_loads_until(path, done, mb)))
+        loader.start()
+        try:
+            for step in range(1, saves + 1):
+                jms.save(state(0, step, mb), path, overwrite=True)
+        finally:
+            done.set()
+            loader.join()
+        seen = box
+    return LoadOutcome(
+        len(seen["seen"]), seen["errors"], seen["failed"], seen["mixed"], seen["order"]
+    )
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "manager":
         manager_worker(
@@ -308,3 +400,5 @@ if __name__ == "__main__":
         )
     elif sys.argv[1] == "exit":
         exit_worker(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    elif sys.argv[1] == "load":
+        load_worker(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))

@@ -164,3 +164,57 @@ def test_deleting_a_step_another_manager_deleted_is_a_no_op(tmp_path):
     _atomic.delete(tmp_path / "3")
     _atomic.delete(tmp_path / "3")  # a second manager pruning the same step
     assert list(tmp_path.iterdir()) == []
+
+
+def _state(value: float) -> dict:
+    return {f"w{i}": np.full((64, 64 + i), value, np.float32) for i in range(4)}
+
+
+def _whole(loaded: dict) -> float:
+    """The one value every array of a loaded ``_state`` holds (fails on a mixture)."""
+    values = {float(v) for x in loaded.values() for v in np.unique(np.asarray(x))}
+    assert len(values) == 1, values
+    return values.pop()
+
+
+def test_a_load_whose_checkpoint_is_replaced_midway_returns_the_new_one_whole(
+    tmp_path, monkeypatch
+):
+    # The load has read jmodule.json of the old checkpoint when an overwrite renames
+    # the new one into place: it used to read the new arrays against the old
+    # checksums (or the old names) and report the checkpoint as corrupt.
+    path = tmp_path / "ckpt"
+    jms.save(_state(1.0), path)
+    read_direct = _directory._read_direct
+    calls = []
+
+    def overwrite_first(src, *rest):
+        if not calls:
+            jms.save(_state(2.0), path, overwrite=True)
+        calls.append(src)
+        return read_direct(src, *rest)
+
+    monkeypatch.setattr(_directory, "_read_direct", overwrite_first)
+    assert _whole(jms.load(path)) == 2.0
+    assert len(calls) == 2
+
+
+def test_a_corrupt_checkpoint_that_nobody_replaces_is_read_once(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt"
+    jms.save(_state(1.0), path)
+    for f in (path / "arrays" / "d").iterdir():
+        f.write_bytes(f.read_bytes()[:100])
+    read_direct = _directory._read_direct
+    calls = []
+    monkeypatch.setattr(_directory, "_read_direct", lambda *a: calls.append(1) or read_direct(*a))
+    with pytest.raises(jms.CorruptCheckpointError):
+        jms.load(path)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
+def test_loads_while_another_saver_overwrites_see_whole_checkpoints_in_order(tmp_path, process):
+    out = _save_races.load_race(tmp_path, saves=16, process=process)
+    assert out.failed == 0, out.errors
+    assert out.mixed == 0 and out.out_of_order == 0
+    assert out.loads > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -124,10 +125,12 @@ def _nbytes(obj: Any) -> int | None:
 
 
 def _kind(p: Path) -> str:
-    if p.is_dir():
+    try:
+        st = os.stat(p)  # one look: an overwrite may rename a directory into place meanwhile
+    except FileNotFoundError:
+        return "directory"  # possibly an overwrite between its renames (or killed there)
+    if stat.S_ISDIR(st.st_mode):
         return "directory"
-    if not p.exists():
-        return "directory"  # possibly an overwrite interrupted between its renames
     if _safetensors.is_index(p):
         return "index"
     with _untrusted.open_regular(p, CorruptCheckpointError) as f:
@@ -180,7 +183,9 @@ def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = Tr
     a file truncated by another process *while* it is being loaded ends this
     process with ``SIGBUS``; jm itself never rewrites a checkpoint's files in
     place (a save writes a new directory beside and renames it). A file
-    truncated before the load is a :class:`CorruptCheckpointError`.
+    truncated before the load is a :class:`CorruptCheckpointError`. A load
+    racing a ``save(..., overwrite=True)`` of the same path (another thread
+    or process) returns the old checkpoint or the new one, whole.
 
     Args:
         path: the checkpoint directory or file.

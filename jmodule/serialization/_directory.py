@@ -545,7 +545,11 @@ def _source(final: Path) -> Path:
     if src is None:
         raise CheckpointNotFoundError(f"no checkpoint at '{final}': the path does not exist")
     if src.is_dir() and not (src / _metafile.NAME).exists():
-        if not any(src.iterdir()):
+        try:
+            empty = not any(src.iterdir())
+        except FileNotFoundError:  # renamed away by an overwrite: read() starts over
+            raise CheckpointNotFoundError(f"'{final}' was removed while being read") from None
+        if empty:
             raise CorruptCheckpointError(
                 f"'{final}' is an empty directory, not a checkpoint (an interrupted copy?)"
             )
@@ -835,10 +839,46 @@ def _verify(
         )
 
 
+#: Loads of a path that a save keeps replacing (``overwrite=True``) start over at most this often.
+_REPLACED_RETRIES = 8
+
+
+def _identity(final: Path) -> tuple[Path, int, int] | None:
+    """Which directory ``final`` reads from now: its path and inode, or ``None``."""
+    src = _atomic.readable(final)
+    if src is None:
+        return None
+    try:
+        st = os.stat(src)
+    except OSError:
+        return None
+    return src, st.st_dev, st.st_ino
+
+
 def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True) -> Any:
-    """Load the checkpoint at ``path``; see :func:`jmodule.serialization.load`."""
+    """Load the checkpoint at ``path``; see :func:`jmodule.serialization.load`.
+
+    A save that replaces ``path`` (``overwrite=True``) while this reads it
+    renames another directory into place: a load that fails after the
+    directory it started from was replaced starts over on the new one, so it
+    returns the old checkpoint or the new one, whole, never an error made of
+    the two. A failure with the directory unchanged is raised as it is.
+    """
     final = Path(os.path.abspath(os.fspath(path)))
     place = MapLocation(map_location)
+    for attempt in range(_REPLACED_RETRIES):
+        started = _identity(final)
+        try:
+            return _read_once(final, place, verify)
+        except CheckpointError:
+            last = attempt + 1 == _REPLACED_RETRIES
+            # In a job of several processes every one must take the same path: no retry.
+            if last or multiprocess() or _identity(final) == started:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _read_once(final: Path, place: MapLocation, verify: bool) -> Any:
     src = _source(final)
     body = _metafile.read(src)
     entries = _entries(body, src)
