@@ -11,12 +11,24 @@ For each optimizer the step is the PyTorch loop under ``@jm.compile``
 optax transformation the optimizer builds for it (``opt._transformation``:
 what jmodule computes, without jmodule), so the ratio is jmodule's overhead,
 not the algorithm's cost. Both are timed in both regimes of ``harness.py``
-(latency and pipelined) in the same interleaved rounds.
+(latency and pipelined), taking turns call by call (latency: each call timed
+on its own, a round's figure the median call) and block by block (pipelined)
+within each round (``harness.measure(interleave=True)``). The two compiled
+programs do the same arithmetic, so a ratio away from 1 is overhead or noise:
+judged on 13 optimizers, a per-round mean picked up the preemptions of this
+shared 2-core host as "the worst optimizer" (a different one each run). The
+compute-bound model is measured in ``--processes`` fresh processes (default 3)
+and judged on the median of their medians: its programs' parameter-sized
+kernels are the same in both (checked in the HLO for AdamW and RAdam), yet
+one process reads a given optimizer a few percent slower or faster than the
+next, whatever the rounds (where buffers fall in the caches differs).
 
 Not here: ``LBFGS`` (eager only: its iteration counts depend on the values),
 ``SparseAdam`` (its row masking is outside the transformation); ``Muon``
 trains the matrices only (it refuses vectors, as torch's does), and so does
-its floor.
+its floor; the biases still get their ``.grad`` from ``jm.backward`` (as from
+torch's ``backward``), so the floor computes and returns their gradients too
+(without them it skipped that work: Muon's small step read 1.11-1.29x).
 
 Run: ``python benchmarks/optimizers.py [--quick] [--only NAME ...]``
 """
@@ -26,7 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -96,21 +111,26 @@ def contestants(name: str, sizes: tuple[int, ...], batch: int) -> dict[str, Call
 
     def _floor(params, opt_states, x, y):
         loss, grads = jax.value_and_grad(floor_loss)(params, x, y)
-        out_p, out_s = [], []
+        out_p, out_s, out_g = [], [], []
         for tx, p, g, s in zip(txs, params, grads, opt_states):
             if tx is None:
+                # Not trained, but backward still gives it a .grad (as in torch): the
+                # floor computes it too, so that both do the same work.
                 out_p.append(p)
                 out_s.append(s)
+                out_g.append(g)
                 continue
             updates, s = tx.update(g, s, p)
             out_p.append(optax.apply_updates(p, updates))
             out_s.append(s)
-        return out_p, out_s, loss
+        return out_p, out_s, out_g, loss
 
     floor_jit = jax.jit(_floor, donate_argnums=(0, 1))
 
     def floor_step():
-        state["params"], state["opt"], loss = floor_jit(state["params"], state["opt"], x, y)
+        state["params"], state["opt"], state["grads"], loss = floor_jit(
+            state["params"], state["opt"], x, y
+        )
         return loss
 
     return {
@@ -119,39 +139,107 @@ def contestants(name: str, sizes: tuple[int, ...], batch: int) -> dict[str, Call
     }
 
 
+def measure_model(
+    model: int, names: list[str], rounds: int, quick: bool, tables: dict, raw: dict
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``{optimizer: {regime: {"best", "median"}}}`` of ``MODELS[model]``, in this process."""
+    sizes, batch, calls, _ = MODELS[model]
+    label = "-".join(map(str, sizes))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name in names:
+        steps = contestants(name, sizes, batch)
+        title = f"{name} training step, MLP {label}, batch {batch}"
+        measured = run_tables(
+            title,
+            steps,
+            calls // 10 if quick else calls,
+            2 if quick else rounds,
+            tables,
+            raw,
+            interleave=True,
+        )
+        jm_name = "jmodule @jm.compile step"
+        for regime, per_round in measured.items():
+            best = min(per_round[jm_name]) / min(next(iter(per_round.values())))
+            median = median_ratio(per_round, jm_name)
+            out.setdefault(name, {})[regime] = {"best": best, "median": median}
+            print(f"  {name} [{regime}]: best {best:.3f}x, median round {median:.3f}x")
+    return out
+
+
+def in_processes(
+    model: int, names: list[str], rounds: int, processes: int
+) -> dict[str, dict[str, dict[str, float]]]:
+    """:func:`measure_model` in ``processes`` fresh processes, one after another.
+
+    Per optimizer and regime: the median of the processes' medians, the best of
+    their bests. Which buffers of two identical programs share cache sets
+    differs from process to process; on the compute-bound model one process
+    reads one optimizer 1-5% slower or faster than the next does.
+    """
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(processes):
+            out = os.path.join(tmp, f"{i}.json")
+            command = [sys.executable, __file__, "--child", out, "--model", str(model)]
+            command += ["--rounds", str(rounds), "--only", *names]
+            subprocess.run(command, check=True)
+            with open(out) as f:
+                runs.append(json.load(f))
+    return {
+        name: {
+            regime: {
+                "best": min(r[name][regime]["best"] for r in runs),
+                "median": statistics.median(r[name][regime]["median"] for r in runs),
+                "per_process": [r[name][regime]["median"] for r in runs],
+            }
+            for regime in runs[0][name]
+        }
+        for name in names
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", nargs="*", default=None, help="optimizer names")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="fresh processes the compute-bound model is measured in (median of medians)",
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    names = args.only or list(OPTIMIZERS)
     tables: dict = {}
     raw: dict = {}
+    if args.child:
+        result = measure_model(args.model, names, args.rounds, False, tables, raw)
+        with open(args.child, "w") as f:
+            json.dump(result, f)
+        return
     figures: list = []
     detail: dict = {}
-    names = args.only or list(OPTIMIZERS)
-    for sizes, batch, calls, target in MODELS:
+    for model, (sizes, batch, _, target) in enumerate(MODELS):
         label = "-".join(map(str, sizes))
+        compute_bound = model == len(MODELS) - 1
+        if compute_bound and args.processes > 1 and not args.quick:
+            print(f"\nMLP {label}: {args.processes} processes")
+            result = in_processes(model, names, args.rounds, args.processes)
+        else:
+            result = measure_model(model, names, args.rounds, args.quick, tables, raw)
         worst: dict[str, tuple[float, float, str]] = {}
-        for name in names:
-            steps = contestants(name, sizes, batch)
-            title = f"{name} training step, MLP {label}, batch {batch}"
-            measured = run_tables(
-                title,
-                steps,
-                calls // 10 if args.quick else calls,
-                2 if args.quick else args.rounds,
-                tables,
-                raw,
-            )
-            for regime, per_round in measured.items():
-                jm_name = "jmodule @jm.compile step"
-                best = min(per_round[jm_name]) / min(next(iter(per_round.values())))
-                median = median_ratio(per_round, jm_name)
-                detail[f"{title} [{regime}]"] = {"best": best, "median": median}
-                print(f"  {name} [{regime}]: best {best:.3f}x, median round {median:.3f}x")
-                if regime not in worst or median > worst[regime][1]:
-                    worst[regime] = (best, median, name)
+        for name, regimes in result.items():
+            for regime, r in regimes.items():
+                detail[f"{name} training step, MLP {label}, batch {batch} [{regime}]"] = r
+                if "per_process" in r:
+                    each = ", ".join(f"{m:.3f}" for m in r["per_process"])
+                    print(f"  {name} [{regime}]: median {r['median']:.3f}x (processes: {each})")
+                if regime not in worst or r["median"] > worst[regime][1]:
+                    worst[regime] = (r["best"], r["median"], name)
         for regime, (best, median, name) in worst.items():
             figure(
                 figures,

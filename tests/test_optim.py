@@ -715,3 +715,40 @@ def test_hyperparameters_changed_inside_a_compiled_step_raise():
     what = "A param group's options were"
     with pytest.raises(RuntimeError, match=re.escape(CHANGED_INSIDE_HELP.format(what=what))):
         step2(model, opt, jnp.ones(3))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", ["SGD", "AdamW", "Adafactor"])
+def test_an_empty_param_group_is_allowed_as_in_torch(name, compiled):
+    # torch accepts a group without parameters (one that add_param_group fills later,
+    # or a frozen part of a model); a compiled step used to fail with IndexError.
+    torch.manual_seed(0)
+    tmodel = torch.nn.Linear(3, 2)
+    jm.manual_seed(0)
+    jmodel = jm.nn.Linear(3, 2)
+    jmodel.load_state_dict({k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
+    topt = getattr(torch.optim, name)(
+        [{"params": list(tmodel.parameters())}, {"params": [], "lr": 0.5}], lr=0.1
+    )
+    jopt = getattr(optim, name)(
+        [{"params": list(jmodel.parameters())}, {"params": [], "lr": 0.5}], lr=0.1
+    )
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+
+    def jm_step(model, opt, x):
+        opt.zero_grad()
+        loss = jm.backward(lambda: (model(x) ** 2).sum())
+        opt.step()
+        return loss
+
+    step = jm.compile(jm_step) if compiled else jm_step
+    for _ in range(3):
+        topt.zero_grad()
+        tloss = (tmodel(torch.from_numpy(x)) ** 2).sum()
+        tloss.backward()
+        topt.step()
+        jloss = step(jmodel, jopt, jnp.asarray(x))
+        np.testing.assert_allclose(float(jloss), tloss.item(), rtol=1e-4)
+    for (k, t), j in zip(tmodel.state_dict().items(), jmodel.state_dict().values()):
+        np.testing.assert_allclose(np.asarray(j), t.numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+    assert jopt.state_dict()["param_groups"] == topt.state_dict()["param_groups"]

@@ -224,3 +224,27 @@ def test_other_derivatives_equal_without_checkpoint(transform):
         jm.manual_seed(0)
         b = transform(_functional_loss(False), x)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
+
+
+def test_a_region_with_jax_effects_takes_jax_checkpoint_and_still_prints(capfd, monkeypatch):
+    """A custom_vjp cannot carry effects (``jax.debug.print``): such a region is checkpointed
+    by ``jax.checkpoint`` as on other backends, with the same values and gradients."""
+
+    def no_custom_vjp(*args):
+        raise AssertionError("a region with effects went through the custom_vjp")
+
+    monkeypatch.setattr(ckpt_module, "_recompute_call", no_custom_vjp)
+
+    def block(x):
+        jax.debug.print("inside the region: {s}", s=x.sum())
+        return jnp.sin(x) * x
+
+    x = jnp.arange(4.0)
+    loss, grad = jax.jit(
+        jax.value_and_grad(lambda x: checkpoint(block, x, use_reentrant=False).sum())
+    )(x)
+    want_loss, want_grad = jax.value_and_grad(lambda x: block(x).sum())(x)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-6)
+    jax.effects_barrier()
+    assert "inside the region: 6" in capfd.readouterr().out

@@ -246,6 +246,11 @@ def _merge_infos(descs: Sequence[structure.Description]) -> dict:
     return {f"[{i}].{p}": info for i, d in enumerate(descs) for p, info in d.infos.items()}
 
 
+def _traced(tree: Any) -> bool:
+    """Whether ``tree`` holds a tracer of some JAX transformation."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
 def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: Any) -> Any:
     """Call the program for ``plan`` (from this thread's context: traced, recorded or locked)."""
     code = plan.code
@@ -254,6 +259,16 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
     local = state.local
     run = _program.call_donating if donate else _program.call
     if local.recorder is None and not local.bound:
+        if _traced((args, kwargs)):
+            # Inside a JAX transformation jm does not manage: a program known to write
+            # state refuses now; one not yet traced runs without donating (jax.grad and
+            # vmap run it eagerly), so that if it writes, which write_back then refuses,
+            # it has deleted nothing.
+            if program.writes.get(plan.key):
+                raise RuntimeError(
+                    _program.FOREIGN_TRACE_HELP.format(count=len(program.writes[plan.key]))
+                )
+            run = _program.call
         with plan.guard:
             out = run(program, plan, args, kwargs)
             _learned(program, plan)
@@ -352,6 +367,10 @@ class CompiledForward:
                 jitted = plan.jitted
                 out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
                 if changed is not None:
+                    if changed.values and isinstance(changed.values[0], jax.core.Tracer):
+                        # Inside jax.jit / grad / vmap: see program.FOREIGN_TRACE_HELP.
+                        count = len(changed.values)
+                        raise RuntimeError(_program.FOREIGN_TRACE_HELP.format(count=count))
                     for i, v in zip(changed.indices, changed.values):
                         c, k = slots[i]
                         c[k] = v

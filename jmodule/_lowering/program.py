@@ -603,7 +603,8 @@ def restack(plan: Plan) -> bool:
                     "Parameter (module.weight = Parameter(...)) rather than its data to "
                     "change its shape."
                 )
-        stacked = jax.numpy.stack(values)
+        with jax.ensure_compile_time_eval():  # concrete even under a jax.jit around the call
+            stacked = jax.numpy.stack(values)
         if not stacked.committed:
             stacked = jax.device_put(stacked, next(iter(stacked.devices())))
         c[k] = stacked
@@ -663,12 +664,30 @@ NESTED_SCAN_HELP = (
 )
 
 
+FOREIGN_TRACE_HELP = (
+    "A compiled function (jm.compile, model.compile()) that changes module or optimizer "
+    "state ({count} value(s): parameters, buffers, .grad, optimizer state or the RNG key) "
+    "was called inside a JAX transformation jmodule does not manage "
+    "(jax.jit, jax.grad, jax.vmap, ... around the call): its new state would be that "
+    "transformation's traced values, which must not escape it, so nothing was changed. "
+    "Call it outside the transformation, or compile the outer function with jm.compile, "
+    "which carries the modules' state through (use jm.func.functional_call for a pure "
+    "function of the parameters)."
+)
+
+
 def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = None) -> None:
     """Put a call's new values into their slots (``recorder``: note those of its trace)."""
     if changed is None:  # a compact program that changed nothing
         return
     indices, values = changed.indices, changed.values
     if recorder is None:
+        # Called inside a JAX transformation jm does not own (jax.jit, jax.grad, vmap
+        # around the call): every output is that trace's tracer. Writing them into the
+        # modules would leak them (the next call fails with UnexpectedTracerError).
+        first = values[0] if values else (changed.packs and changed.values)
+        if isinstance(first, jax.core.Tracer) and not state.local.bound:
+            raise RuntimeError(FOREIGN_TRACE_HELP.format(count=len(indices) or "some"))
         for i, v in zip(indices, values):
             c, k = slots[i]
             c[k] = v

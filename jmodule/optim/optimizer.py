@@ -488,9 +488,10 @@ class Optimizer:
         floats = self._hyper_floats(group)
         if self._hp_floats.get(key) != floats:
             self._hp_floats[key] = floats
+            params = group["params"]  # may be empty (a group whose parameters come later)
             self._hp[key] = replicated_like(
-                np.asarray(floats, dtype=_hyper_dtype(group["params"])),
-                _state.peek(group["params"][0]),
+                np.asarray(floats, dtype=_hyper_dtype(params)),
+                _state.peek(params[0]) if params else None,
             )
 
     def _check_bound(self, container: dict, value: Any) -> None:
