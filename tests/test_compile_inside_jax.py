@@ -14,21 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_scan_stacked import _Block
 
 import jmodule as jm
 from jmodule._lowering.program import FOREIGN_TRACE_HELP
 
 HELP = FOREIGN_TRACE_HELP.split("(", 1)[0]
-
-
-class _Block(jm.nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln = jm.nn.LayerNorm(d)
-        self.fc = jm.nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + self.fc(self.ln(x))
 
 
 def _model(scan: bool):
