@@ -685,7 +685,7 @@ def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = N
         # Called inside a JAX transformation jm does not own (jax.jit, jax.grad, vmap
         # around the call): every output is that trace's tracer. Writing them into the
         # modules would leak them (the next call fails with UnexpectedTracerError).
-        first = values[0] if values else (changed.packs and changed.values)
+        first = values[0] if values else None
         if isinstance(first, jax.core.Tracer) and not state.local.bound:
             raise RuntimeError(FOREIGN_TRACE_HELP.format(count=len(indices) or "some"))
         for i, v in zip(indices, values):
