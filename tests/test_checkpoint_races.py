@@ -218,3 +218,27 @@ def test_loads_while_another_saver_overwrites_see_whole_checkpoints_in_order(tmp
     assert out.failed == 0, out.errors
     assert out.mixed == 0 and out.out_of_order == 0
     assert out.loads > 0
+
+
+def test_an_unverified_load_whose_checkpoint_is_replaced_midway_is_not_a_mixture(
+    tmp_path, monkeypatch
+):
+    # Without checksums nothing fails: the old tree (keys w*) would come back holding
+    # the new checkpoint's arrays (saved under keys v*). The load starts over instead.
+    path = tmp_path / "ckpt"
+    jms.save(_state(1.0), path)
+    renamed = {k.replace("w", "v"): v for k, v in _state(2.0).items()}
+    read_direct = _directory._read_direct
+    calls = []
+
+    def overwrite_first(src, *rest):
+        if not calls:
+            jms.save(renamed, path, overwrite=True)
+        calls.append(src)
+        return read_direct(src, *rest)
+
+    monkeypatch.setattr(_directory, "_read_direct", overwrite_first)
+    loaded = jms.load(path, verify=False)
+    assert sorted(loaded) == sorted(renamed)
+    assert _whole(loaded) == 2.0
+    assert len(calls) == 2

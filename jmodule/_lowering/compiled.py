@@ -366,14 +366,7 @@ class CompiledForward:
                 local.call = plan
                 jitted = plan.jitted
                 out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-                if changed is not None:
-                    if changed.values and isinstance(changed.values[0], jax.core.Tracer):
-                        # Inside jax.jit / grad / vmap: see program.FOREIGN_TRACE_HELP.
-                        count = len(changed.values)
-                        raise RuntimeError(_program.FOREIGN_TRACE_HELP.format(count=count))
-                    for i, v in zip(changed.indices, changed.values):
-                        c, k = slots[i]
-                        c[k] = v
+                _program.write_back(slots, changed)  # refuses a foreign trace's tracers
                 if plan.draws is None:
                     _learned(self.program, plan)
             return out

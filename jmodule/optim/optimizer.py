@@ -147,28 +147,34 @@ def _scan_key(p: Parameter) -> tuple | None:
     Found through the parent links a module tree's enumeration leaves
     (``state.link``): None when ``p`` is not (only) in one ``jm.nn.scan`` block.
     """
-    holders = [m for m in p.__dict__.get("_jm_up", ()) if "_modules" in m.__dict__]
-    if len(holders) != 1:
+    child = _only_module_above(p)
+    name = None if child is None else _only_name(child.__dict__["_parameters"], p)
+    if name is None:
         return None
-    child = holders[0]
-    names = [n for n, q in child.__dict__["_parameters"].items() if q is p]
-    if len(names) != 1:
-        return None
-    path = names
+    path = [name]
     for _ in range(64):
-        parents = [m for m in child.__dict__.get("_jm_up", ()) if "_modules" in m.__dict__]
-        if len(parents) != 1:
-            return None
-        parent = parents[0]
-        keys = [k for k, c in parent.__dict__["_modules"].items() if c is child]
-        if len(keys) != 1:
+        parent = _only_module_above(child)
+        key = None if parent is None else _only_name(parent.__dict__["_modules"], child)
+        if key is None:
             return None
         if getattr(type(parent), "_jm_stacked", False):
             blocks = [k for k, c in parent.__dict__["_modules"].items() if c is not None]
-            return (id(parent), tuple(path), blocks.index(keys[0]))
-        path = [keys[0], *path]
+            return (id(parent), tuple(path), blocks.index(key))
+        path = [key, *path]
         child = parent
     return None
+
+
+def _only_module_above(obj: Any) -> Any | None:
+    """The one module whose enumeration linked ``obj`` (``state.link``), or None."""
+    found = [m for m in obj.__dict__.get("_jm_up", ()) if "_modules" in m.__dict__]
+    return found[0] if len(found) == 1 else None
+
+
+def _only_name(entries: dict, obj: Any) -> str | None:
+    """The one name under which ``entries`` holds ``obj``, or None."""
+    names = [n for n, q in entries.items() if q is obj]
+    return names[0] if len(names) == 1 else None
 
 
 def _scan_order(members: list[Parameter]) -> list[Parameter]:

@@ -859,22 +859,28 @@ def read(path: os.PathLike | str, map_location: Any = None, verify: bool = True)
     """Load the checkpoint at ``path``; see :func:`jmodule.serialization.load`.
 
     A save that replaces ``path`` (``overwrite=True``) while this reads it
-    renames another directory into place: a load that fails after the
-    directory it started from was replaced starts over on the new one, so it
-    returns the old checkpoint or the new one, whole, never an error made of
-    the two. A failure with the directory unchanged is raised as it is.
+    renames another directory into place: a load during which the directory
+    it started from was replaced starts over on the new one, whether it failed
+    or not (unverified, the old tree could have come back with the new
+    arrays), so it returns the old checkpoint or the new one, whole, never an
+    error or a mixture made of the two. A failure with the directory
+    unchanged is raised as it is.
     """
     final = Path(os.path.abspath(os.fspath(path)))
     place = MapLocation(map_location)
-    for attempt in range(_REPLACED_RETRIES):
+    # In a job of several processes every one must take the same path: no retry.
+    tries = 1 if multiprocess() else _REPLACED_RETRIES
+    for attempt in range(tries):
         started = _identity(final)
+        last = attempt + 1 == tries
         try:
-            return _read_once(final, place, verify)
+            out = _read_once(final, place, verify)
         except CheckpointError:
-            last = attempt + 1 == _REPLACED_RETRIES
-            # In a job of several processes every one must take the same path: no retry.
-            if last or multiprocess() or _identity(final) == started:
+            if last or _identity(final) == started:
                 raise
+            continue
+        if last or _identity(final) == started:
+            return out
     raise AssertionError("unreachable")  # pragma: no cover
 
 
