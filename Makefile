@@ -32,6 +32,7 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/sharding.py
 	$(PY) benchmarks/conv.py
 	$(PY) benchmarks/scan.py
+	$(PY) benchmarks/eager.py
 	$(PY) benchmarks/readme_table.py
 
 lint: $(VENV)/.test-installed

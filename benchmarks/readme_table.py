@@ -50,6 +50,16 @@ def _framework(name: str) -> str | None:
     return None
 
 
+def _results() -> list[tuple[pathlib.Path, dict]]:
+    """Every results JSON with tables (``eager_runs.json`` and the like hold raw runs)."""
+    out = []
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        if "tables" in data:
+            out.append((path, data))
+    return out
+
+
 def compare() -> list[str]:
     """One row per measured workload, one column per framework: time / the plain-JAX floor.
 
@@ -57,10 +67,10 @@ def compare() -> list[str]:
     ``nnx.cached_partial``), its best is shown.
     """
     rows = []
-    for path in sorted(RESULTS.glob("*.json")):
-        for title, table in json.loads(path.read_text())["tables"].items():
-            if title.startswith("memory"):
-                continue
+    for _, data in _results():
+        for title, table in data["tables"].items():
+            if title.startswith("memory") or " eager " in title:
+                continue  # eager tables are ratios to PyTorch eager: their own figures
             floor = next(iter(table.values()))
             best: dict[str, float] = {}
             for name, value in table.items():
@@ -81,8 +91,7 @@ def figures() -> list[str]:
     """Issue 13's figures (ratios with targets) and checks, from every JSON that has them."""
     lines = []
     rows, checks = [], []
-    for path in sorted(RESULTS.glob("*.json")):
-        data = json.loads(path.read_text())
+    for _, data in _results():
         for f in data.get("figures", []):
             target = f.get("target")
             goal = "-" if target is None else f"<= {target:.2f}"
@@ -110,8 +119,7 @@ def figures() -> list[str]:
 
 def render() -> str:
     lines = compare() + figures()
-    for path in sorted(RESULTS.glob("*.json")):
-        data = json.loads(path.read_text())
+    for path, data in _results():
         meta = data["meta"]
         load = meta.get("load_average")
         load = (

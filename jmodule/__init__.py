@@ -8,7 +8,7 @@
 (3, 2)
 """
 
-from jmodule import _device
+from jmodule import _compilation_cache, _device
 from jmodule import _einops as _einops
 from jmodule import _hints as _hints
 from jmodule import amp as amp
@@ -22,6 +22,8 @@ from jmodule import random as random
 from jmodule import return_types as return_types
 from jmodule import serialization as serialization
 from jmodule import utils as utils
+from jmodule._compilation_cache import compilation_cache_dir as compilation_cache_dir
+from jmodule._compilation_cache import set_compilation_cache as set_compilation_cache
 from jmodule._device import DeviceError as DeviceError
 from jmodule._device import DtypeError as DtypeError
 from jmodule._device import bfloat16 as bfloat16
@@ -51,6 +53,7 @@ from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile_stats as compile_stats
 from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
+from jmodule._lowering.program import DonatedHeldWarning as DonatedHeldWarning
 from jmodule._tfn import *  # noqa: F403  (the torch.* functions; list in jmodule/_tfn)
 from jmodule._tfn import BUILTIN_NAMED as _TORCH_BUILTIN_NAMED
 from jmodule._version import __version__ as __version__
@@ -71,6 +74,8 @@ from jmodule.random import seed as seed
 from jmodule.serialization import load as load
 from jmodule.serialization import save as save
 from jmodule.summary import summary as summary
+
+_compilation_cache.configure_default()
 
 # Public names that are also Python builtins: ``jm.bool`` (``torch.bool``),
 # ``jm.compile`` (``torch.compile``) and the torch functions ``jm.sum``, ``jm.max``,

@@ -9,10 +9,13 @@ so compiled and eager runs draw the same numbers in the same order.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from jmodule._lowering import state
+from jmodule._lowering import tape as _tape
 
 __all__ = ["Generator", "default_generator", "initial_seed", "manual_seed", "seed"]
 
@@ -87,13 +90,20 @@ class Generator:
                 its trace: an explicit generator used inside compiled code, or
                 any draw inside a JAX transformation jmodule does not manage.
         """
-        new, sub = jax.random.split(self.materialize())
+        new, sub = _tape.untaped(_split, self.materialize())
         if isinstance(new, jax.core.Tracer) and not state.is_bound(self.__dict__):
             if self is not default_generator and state.tracing():
                 raise RuntimeError(_EXPLICIT_IN_TRACE)
             raise RuntimeError(_FOREIGN_TRACE)
         self._key = new
         return sub
+
+
+@functools.partial(jax.jit, inline=True)
+def _split(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``jax.random.split(key)`` as one compiled program: ``(kept half, drawn half)``."""
+    both = jax.random.split(key)
+    return both[0], both[1]
 
 
 _EXPLICIT_IN_TRACE = (

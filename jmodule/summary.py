@@ -7,6 +7,7 @@ memory analysis of the compiled forward.
 
 from __future__ import annotations
 
+import dis
 import html
 import sys
 from dataclasses import dataclass, field
@@ -168,6 +169,8 @@ def _show(result: Summary) -> None:
     matplotlib's inline backend shows figures): ``jm.summary(...);`` and
     ``s = jm.summary(...)`` show it once as well.
     """
+    if _passed_on(sys._getframe(2)):
+        return  # print(jm.summary(...)), display(jm.summary(...)): the caller shows it
     shell = _ipython_shell()
     if shell is None:
         print(result)
@@ -176,6 +179,26 @@ def _show(result: Summary) -> None:
         shell.events.register("post_run_cell", _show_after_cell)
         _hooked.add(id(shell))
     _pending.append(result)
+
+
+_CALLS = frozenset({"CALL", "PRECALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_KW"})
+_FORMATS = frozenset({"FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC", "CONVERT_VALUE"})
+
+
+def _passed_on(frame: Any) -> bool:
+    """Whether ``frame``'s current call hands its result straight to another call or an
+    f-string (``print(jm.summary(...))``), which shows it: then showing it too doubles it.
+
+    Read from the frame's bytecode: the instruction after the current call. Unknown
+    bytecode (another Python) reads as not passed on: the summary is shown.
+    """
+    try:
+        for ins in dis.get_instructions(frame.f_code):
+            if ins.offset > frame.f_lasti:  # (3.11's f_lasti is the call's last cache entry)
+                return ins.opname in _CALLS or ins.opname in _FORMATS
+    except Exception:
+        return False
+    return False
 
 
 def _nbytes(x: Any) -> int:

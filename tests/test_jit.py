@@ -403,7 +403,7 @@ def test_untraceable_forward_names_module_line_and_fix(inner, line, why, fix):
     assert re.search(f"Fix: .*{fix}", message)
     assert 'fallback="eager"' in message
     assert isinstance(info.value, RuntimeError)
-    assert type(info.value.__cause__).__module__.startswith("jax")
+    assert type(info.value.jax_error).__module__.startswith("jax")
 
 
 def test_untraceable_errors_at_trace_time_and_state_is_left_alone():

@@ -57,9 +57,10 @@ def _donated_parameter():
 
 BAD = {
     "torch meta tensor": ("0.weight", lambda: torch.empty(2, 3, device="meta"), "meta tensor"),
-    "deleted jax array": ("1.bias", _deleted, "has been deleted"),
-    "donated jax array": ("1.bias", _donated, "has been deleted"),
-    "donated Parameter": ("1.weight", _donated_parameter, "has been deleted"),
+    # Deleted arrays: one line for all their keys, with the cause and the fix.
+    "deleted jax array": ("1.bias", _deleted, "donate=False"),
+    "donated jax array": ("1.bias", _donated, "donate=False"),
+    "donated Parameter": ("1.weight", _donated_parameter, "donate=False"),
     "numpy strings": ("0.bias", lambda: np.array(["a", "b"]), "array of strings"),
     "numpy objects": ("0.bias", lambda: np.array([1.0, None], dtype=object), "Python objects"),
     "numpy int64 2**40": (
@@ -84,7 +85,11 @@ def test_bad_value_names_its_key_in_one_runtime_error_and_changes_nothing(case, 
         m.load_state_dict(sd, assign=assign)
     message = str(err.value)
     assert message.startswith("Error(s) in loading state_dict for Sequential:\n\t")
-    assert f'While copying the parameter named "{key}"' in message
+    if "deleted" in case or "donated" in case:
+        assert isinstance(err.value, jm.DeletedArrayError)
+        assert f'The checkpoint\'s arrays for "{key}" were deleted' in message
+    else:
+        assert f'While copying the parameter named "{key}"' in message
     assert words in message
     assert len(message.split("\n\t")) == 2  # this one problem, nothing else
     after = state_of(m)
@@ -122,7 +127,11 @@ def test_several_bad_keys_are_all_named_in_one_error_with_the_other_problems():
     assert problems[0].startswith('Missing key(s) in state_dict: "1.running_var"')
     assert problems[1].startswith('Unexpected key(s) in state_dict: "2.weight"')
     assert "size mismatch for 1.weight" in message
-    named = [p.split('"')[1] for p in problems if p.startswith("While copying")]
+    named = [
+        p.split('"')[1]
+        for p in problems
+        if p.startswith(("While copying", "The checkpoint's arrays for"))
+    ]
     assert sorted(named) == sorted(bad_keys)
     assert len(problems) == 3 + len(bad_keys)
     after = state_of(m)

@@ -41,11 +41,12 @@ def _block(seed: int = 0) -> jm.nn.Module:
 X = jnp.arange(24.0).reshape(6, 4) / 10
 
 
-def _eager_run(wrap):
+def _eager_run(wrap, dtype=jnp.float32):
     """One jm.backward through ``wrap(block, x)``: loss, grads, buffers, the generator key."""
-    block = _block()
+    block = _block().to(dtype)
     jm.manual_seed(7)
-    loss = jm.backward(lambda: (wrap(block, X) ** 2).sum())
+    x = X.astype(dtype)
+    loss = jm.backward(lambda: (wrap(block, x) ** 2).sum())
     grads = {n: p.grad for n, p in block.named_parameters()}
     bufs = {n: jnp.asarray(b) for n, b in block.named_buffers()}
     return loss, grads, bufs, jm.random.default_generator.get_state()
@@ -72,8 +73,13 @@ def _assert_same_run(a, b):
     ids=["module", "closure", "bound_method", "partial", "module_argument"],
 )
 def test_eager_same_as_without(wrap):
-    """Loss, .grad, BatchNorm statistics and the dropout stream equal the direct call's."""
-    _assert_same_run(_eager_run(wrap), _eager_run(lambda b, x: b(x)))
+    """Loss, .grad, BatchNorm statistics and the dropout stream equal the direct call's.
+
+    In float64: the gradient of the weight before the BatchNorm is a difference of
+    near-equal terms, whose float32 rounding depends on how each run groups them.
+    """
+    with jax.enable_x64(True):
+        _assert_same_run(_eager_run(wrap, jnp.float64), _eager_run(lambda b, x: b(x), jnp.float64))
 
 
 def test_dropout_recompute_sees_forward_draws():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -31,6 +32,7 @@ from jmodule._lowering import hooks as _hooks
 from jmodule._lowering import program as _program
 from jmodule._lowering import recorder as _recorder
 from jmodule._lowering import state, structure
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.arguments import wrap_leaf
 from jmodule._lowering.program import Plan, Program
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
@@ -200,14 +202,16 @@ def _commit(slots: Sequence[Any]) -> tuple:
     over a mesh) gets the uncommitted arrays back (:func:`_uncommit`).
 
     Returns:
-        ``(container, key, uncommitted array, committed array)`` per slot committed.
+        ``(container, key, uncommitted array, weak reference to the committed array)``
+        per slot committed. (Weak: a plan holds no state array, so that a donating
+        call can tell arrays the user holds by their reference counts.)
     """
     done = []
     for c, k in slots:
         v = c.get(k)
         if type(v) is _ArrayImpl and not v.committed and not v.is_deleted():
             c[k] = placed = jax.device_put(v, next(iter(v.devices())))
-            done.append((c, k, v, placed))
+            done.append((c, k, v, weakref.ref(placed)))
     return tuple(done)
 
 
@@ -217,7 +221,7 @@ def _uncommit(plan: Plan | None, error: Exception) -> bool:
         return False
     put_back = False
     for c, k, v, placed in plan.committed:
-        if c.get(k) is placed:  # still what _commit put there (no call has run since)
+        if c.get(k) is placed():  # still what _commit put there (no call has run since)
             c[k] = v
             put_back = True
     plan.committed = ()
@@ -251,6 +255,26 @@ def _traced(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
+def _effects(program: Program, plan: Plan, traces: int) -> None:
+    """After a call: what its objects' Python did while tracing, recorded or replayed.
+
+    An object may change itself in Python while a program traces (an optimizer
+    making ``state[p]`` visible); a call of the same program for other objects of
+    the same structure traces nothing, so their ``_jm_replay`` repeats what the
+    trace's objects reported (``_jm_traced_effects``).
+    """
+    objects = plan.objects
+    if program.num_traces != traces:
+        program.effects[plan.key] = tuple(
+            (i, o._jm_traced_effects())
+            for i, o in enumerate(objects)
+            if hasattr(type(o), "_jm_traced_effects")
+        )
+        return
+    for i, effects in program.effects.get(plan.key, ()):
+        objects[i]._jm_replay(effects)
+
+
 def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: Any) -> Any:
     """Call the program for ``plan`` (from this thread's context: traced, recorded or locked)."""
     code = plan.code
@@ -270,8 +294,10 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
                 )
             run = _program.call
         with plan.guard:
+            traces = program.num_traces
             out = run(program, plan, args, kwargs)
             _learned(program, plan)
+            _effects(program, plan, traces)
         return out
     # Inside a gradient or another program's trace, a program that runs jm.backward is
     # a jm.backward there (an Optimizer.step(closure) trial stops differentiating; an
@@ -286,7 +312,15 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
         # as they would outside it (the same programs, donating, under its locks).
         with _recorder.outside(rec):
             return _run_plan(program, plan, donate, args, kwargs)
-    if rec is not None:  # inside jm.backward: differentiate through the program
+    if rec is not None and not local.bound:
+        # An eager jm.backward (its tape): the call may trace (its tape node is compiled
+        # for each new kind of input), and a trace binds every slot of the objects and
+        # of the generator, so it holds all their locks, the generator's whether or not
+        # the program draws (another thread must not read its key mid-trace).
+        with _Held((*plan.locks, state.lock(plan.generator))):
+            out = _program.call_recorded(program, plan, args, kwargs)
+            _learned(program, plan)
+    elif rec is not None:  # inside jm.backward: differentiate through the program
         out = _program.call_recorded(program, plan, args, kwargs)
     else:  # inside another program's trace, which holds the locks
         out = run(program, plan, args, kwargs)
@@ -373,15 +407,20 @@ class CompiledForward:
         except _errors.untraceable_types() as e:
             raise _errors.untraceable(
                 e, tuple(self.module.named_modules()), _errors.EAGER_COMPILE
-            ) from e
+            ) from _tracebacks.cause(e)
         except RuntimeError as e:
             deleted = _errors.deleted_input(e, given)
             if deleted is None:
+                _tracebacks.hide(e)
                 raise
-            raise deleted from e
+            raise deleted from _tracebacks.cause(e)
         except ValueError as e:  # the program spans devices: let uncommitted state follow
             if _uncommit(self._plan, e):
                 return self(*given)
+            _tracebacks.hide(e)
+            raise
+        except Exception as e:
+            _tracebacks.hide(e)
             raise
 
 
@@ -569,15 +608,20 @@ class CompiledFunction:
             named = plan.named_modules if plan is not None else ()
             raise _errors.untraceable(
                 e, named, _errors.EAGER_FUNCTION, getattr(self.fn, "__qualname__", None)
-            ) from e
+            ) from _tracebacks.cause(e)
         except RuntimeError as e:
             deleted = _errors.deleted_input(e, (args, kwargs))
             if deleted is None:
+                _tracebacks.hide(e)
                 raise
-            raise deleted from e
+            raise deleted from _tracebacks.cause(e)
         except ValueError as e:  # the program spans devices: let uncommitted state follow
             if _uncommit(state.local.call, e):
                 return self(*args, **kwargs)
+            _tracebacks.hide(e)
+            raise
+        except Exception as e:
+            _tracebacks.hide(e)
             raise
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:

@@ -34,9 +34,13 @@ class JitError(RuntimeError):
 class TracingError(JitError):
     """A forward cannot be compiled: it needs concrete array values while tracing.
 
-    The message names the module and source line and says how to fix it.
-    The JAX error is chained as ``__cause__``.
+    The message names the module and source line and says how to fix it, and
+    quotes the JAX error's first line; the JAX error itself is ``jax_error``
+    (chained as ``__cause__`` too when ``JAX_TRACEBACK_FILTERING=off``: a
+    cause prints first, before the explanation).
     """
+
+    jax_error: BaseException | None = None
 
 
 # ----------------------------------------------------------------------- untraceable forwards
@@ -183,7 +187,9 @@ def untraceable(
     eager: str = EAGER_SCRIPT,
     function: str | None = None,
 ) -> TracingError:
-    """The :class:`TracingError` explaining JAX error ``exc`` (raise it ``from exc``).
+    """The :class:`TracingError` explaining JAX error ``exc``.
+
+    Raise it ``from tracebacks.cause(exc)``: its ``jax_error`` is ``exc``.
 
     ``function``: the ``jm.compile``'d function's name, said when the line is
     not in a module's method.
@@ -196,7 +202,7 @@ def untraceable(
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     why = why.format(detail=first_line)
     where, place, lineno, source = locate(exc, named_modules, function)
-    return TracingError(
+    error = TracingError(
         _TEMPLATE.format(
             eager=eager,
             where=where,
@@ -206,6 +212,8 @@ def untraceable(
             jax=f"{type(exc).__name__}: {first_line}",
         )
     )
+    error.jax_error = exc
+    return error
 
 
 def _location(place: str | None, lineno: int | None, source: str | None) -> str:
@@ -222,6 +230,11 @@ def _location(place: str | None, lineno: int | None, source: str | None) -> str:
 
 class DeletedArrayError(RuntimeError):
     """An array passed in was deleted, most often donated to a ``jm.compile``'d step."""
+
+
+# Tracebacks name them where users import them from.
+JitError.__module__ = TracingError.__module__ = "jmodule.jit"
+DeletedArrayError.__module__ = "jmodule"
 
 
 _DELETED = (

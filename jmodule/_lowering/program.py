@@ -24,16 +24,22 @@ The per-call paths:
 from __future__ import annotations
 
 import functools
+import gc
 import logging
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
 from jmodule._lowering import binding, guards, state, structure
 from jmodule._lowering import flat as _flat
+from jmodule._lowering import tape as _tape
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.arguments import describe_args, diff, unwrap_static
 from jmodule._lowering.state import Slot
 
@@ -159,6 +165,9 @@ class FastPath(NamedTuple):
     nones: tuple[Slot, ...]
     #: The ``.grad`` slots among ``donated`` and ``kept`` (a packed one must be sliced).
     grads: tuple[Slot, ...]
+    #: ``{position in donated: slot index}`` of the donated parameters and buffers, whose
+    #: arrays a user may hold (``_check_held``).
+    held: dict[int, int]
 
 
 @dataclass(eq=False)
@@ -203,6 +212,10 @@ class Plan:
     committed: tuple = ()
     #: The thread's ``jm.autocast`` regions the plan was made under (in ``key`` too).
     autocast: tuple | None = None
+    #: Whether a call already said that it deletes donated arrays the user holds, and
+    #: how often a suspected holder was only garbage (``_check_held``).
+    warned_held: bool = False
+    held_collections: int = 0
     #: Scanned blocks' parameters read and written stacked (:class:`Group`).
     groups: tuple[Group, ...] = ()
     #: The groups' member slots: not program inputs.
@@ -251,6 +264,9 @@ class Program:
         self.grad_unread: dict[Any, frozenset[int]] = {}
         #: Per structure key, every slot a trace of it has written.
         self.writes: dict[Any, frozenset[int]] = {}
+        #: Per key: ``(object position, effects)`` its objects' Python made while tracing,
+        #: replayed for other objects a call reuses the program for (``compiled._effects``).
+        self.effects: dict[Any, tuple] = {}
         #: The structure keys whose trace ran a ``jm.backward``: to a gradient or trace
         #: around a call, the call is one (``recorder.note_backward``), traced or not.
         self.backward: set[Any] = set()
@@ -728,15 +744,41 @@ def _run_jitted(
 ) -> tuple[Any, Changed]:
     """``jitted(read(program, plan), args[, kwargs])``, traced again once on ``_Reread``."""
     jitted = program.jitted(plan)
+    tape = _tape.active_tape()
     for attempt in range(2):
         vals = read(program, plan)
         state.local.call = plan
         try:
+            if tape is not None:  # an eager jm.backward: one node of its tape
+                return _taped(
+                    tape, jitted, (vals, args) if kwargs is None else (vals, args, kwargs)
+                )
             return jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
         except _Reread:
             if attempt:
                 raise
     raise AssertionError("unreachable")
+
+
+def _taped(tape: Any, jitted: Callable, tree: tuple) -> Any:
+    """``jitted(*tree)`` as one operation on an eager ``jm.backward``'s tape.
+
+    Called with the tape's tracers, ``jax.jit`` would parse its arguments in Python
+    on every call (its C++ fast path takes arrays only) before the tape saw the
+    call; keyed by the program and the argument structure, the tape runs its
+    cached forward directly.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+
+    def fn(*leaves: Any) -> Any:
+        return jitted(*jax.tree_util.tree_unflatten(treedef, leaves))
+
+    try:
+        key = (jitted, treedef)
+        hash(key)
+    except TypeError:  # an unhashable static argument: jax.jit's own path
+        return jitted(*tree)
+    return tape.call(key, fn, leaves, fn)
 
 
 def call(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
@@ -823,6 +865,11 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
         if type(c[k]) is state.PackedGrad:
             return SLOW  # read_state slices it out
     donated = [c[k] for c, k in fast.donated]
+    if fast.held and not plan.warned_held:
+        picked = [donated[j] for j in fast.held]  # its slot, donated, picked, the argument
+        if max(map(sys.getrefcount, picked)) > _HELD + 1:
+            _check_held(plan, [(j, fast.held[j], donated[j]) for j in fast.held], _HELD)
+        del picked
     kept = [c[k] for c, k in fast.kept]
     if _STACKED in set(map(type, kept)) or _STACKED in set(map(type, donated)):
         return SLOW  # read_state slices it out
@@ -848,6 +895,122 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
     write_back(plan.slots, changed)
     plan.fresh = _fresh(changed, len(donated))
     return out
+
+
+#: References to a donated value inside jmodule as a donating call reads it: its slot, the
+#: list of donated values, and ``sys.getrefcount``'s argument. More: the user holds it too.
+_HELD = 3
+
+DONATED_HELD_HELP = (
+    "This jm.compile'd step donates (reuses the memory of) {what}, and the array is also "
+    "held outside the model: a variable (w = model.fc1.weight.data), a model.state_dict() "
+    "snapshot, a list of parameter values. The step deletes it: reading that array "
+    "afterwards raises JAX's 'Array has been deleted', and load_state_dict of such a "
+    "snapshot fails. Copy what you keep (w = model.fc1.weight.data.copy(), "
+    "{{k: v.copy() for k, v in model.state_dict().items()}}), or compile with "
+    "jm.compile(fn, donate=False)."
+)
+
+
+class DonatedHeldWarning(UserWarning):
+    """A donating step deletes a parameter's array that the user also holds.
+
+    Said once per compiled call signature, before the step runs, with the fixes
+    (copy what you keep, or ``jm.compile(fn, donate=False)``).
+    """
+
+
+DonatedHeldWarning.__module__ = "jmodule"
+
+
+def _held_slots(plan: Plan, idx: Sequence[int]) -> dict[int, int]:
+    """``{position in idx: slot index}`` of the donated parameters.
+
+    Only theirs are checked (``w = model.fc1.weight.data``, ``state_dict()``): other
+    state (buffers, gradients, optimizer state, the random key, stacked blocks) has
+    holders inside jmodule that a count cannot tell from the user's.
+    """
+    skip = set(plan.members) | {g.stack for g in plan.groups}
+    return {j: i for j, i in enumerate(idx) if i not in skip and plan.cells[i] is not None}
+
+
+def _held_names(
+    plan: Plan, candidates: list[tuple[int, int, Any]], counts: list[int], held: int, shared: set
+) -> list[str]:
+    """The slot names of the candidates referenced more than ``held`` times, or shared."""
+    return [
+        plan.names[i]
+        for (_, i, v), n in zip(candidates, counts)
+        if n > held or (shared and id(v) in shared)
+    ]
+
+
+def _views(v: Any) -> int:
+    """How many NumPy arrays or buffer exports (``np.asarray`` of it) refer to ``v``:
+    zero-copy views, which keep its buffer alive whether donated or not."""
+    return sum(
+        isinstance(r, (np.ndarray, memoryview)) or type(r).__name__ == "managedbuffer"
+        for r in gc.get_referrers(v)
+    )
+
+
+def _check_held(plan: Plan, candidates: list[tuple[int, int, Any]], held: int | None) -> None:
+    """Warn once if a donated parameter's array has more references than jmodule's.
+
+    ``candidates``: ``(position, slot index, value)``; ``held``: the references
+    the caller holds to each value (its slot, its list, ``getrefcount``'s argument;
+    this function's tuple and loop add two, counted here), or None where that is
+    not exactly known (the first calls, which trace). A value referenced more than
+    that and than the least referenced candidate is held elsewhere. An array that
+    ``_commit`` committed shares its buffer with the uncommitted one the user may
+    hold (``plan.committed`` holds that one too). References left in garbage
+    cycles (an exception's frames) are collected before anything is said, at most
+    a few times per plan.
+    """
+    counts = [sys.getrefcount(v) - 2 for _, _, v in candidates]
+    # Never below the least referenced candidate: some paths hold one more reference
+    # to each (JAX's Python dispatch under a changed config), and a warning must not
+    # be a false alarm; missing a held array only leaves JAX's own error.
+    held = max(held or 0, min(counts, default=0))
+    shared = {id(e[3]()) for e in plan.committed if sys.getrefcount(e[2]) > 2}  # e, arg
+    names = _held_names(plan, candidates, counts, held, shared)
+    if not names:
+        return
+    if plan.held_collections >= 3:
+        return  # checked often enough: what holds them is not the user's
+    # Maybe only a garbage cycle, or NumPy views of the arrays (np.asarray: they keep
+    # the buffer alive, donated or not): collect, and count again without the views.
+    plan.held_collections += 1
+    gc.collect()
+    counts = [sys.getrefcount(v) - 2 - _views(v) for _, _, v in candidates]
+    shared = {id(e[3]()) for e in plan.committed if sys.getrefcount(e[2]) - _views(e[2]) > 2}
+    names = _held_names(plan, candidates, counts, held, shared)
+    if not names:
+        return
+    plan.warned_held = True
+    first = structure.describe_path(names[0])
+    what = first if len(names) == 1 else f"{first} (and {len(names) - 1} more)"
+    warnings.warn(
+        DONATED_HELD_HELP.format(what=what),
+        DonatedHeldWarning,
+        stacklevel=_tracebacks.user_stacklevel(),
+    )
+
+
+def _clear_frames(exc: BaseException) -> None:
+    """Free the frames of a trace that stopped by raising ``exc`` (a retry follows).
+
+    They hold the state values the trace was called with; left to the garbage
+    collector, they would count as references held by the user (``_check_held``).
+    """
+    tb = exc.__traceback__
+    while tb is not None:
+        try:
+            tb.tb_frame.clear()
+        except RuntimeError:  # the frame catching it, still running
+            pass
+        tb = tb.tb_next
+    exc.__traceback__ = None
 
 
 def _fresh(changed: Changed, n: int) -> tuple[int, ...]:
@@ -885,14 +1048,20 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
             made = program.donating(plan, idx, keep)
         plan.last = last = made
         state.local.call = plan
+        donated = [vals[i] for i in idx]
+        if not plan.warned_held:
+            held = _held_slots(plan, idx)
+            _check_held(plan, [(j, held[j], donated[j]) for j in held], None)
         try:
-            changed, out = made.jitted([vals[i] for i in idx], [vals[i] for i in keep], *tail)
+            changed, out = made.jitted(donated, [vals[i] for i in keep], *tail)
         except _Redonate as redo:
             wanted = redo.changed
+            _clear_frames(redo)
             if program.donations.get(plan.key) is made:  # traced, never compiled
                 del program.donations[plan.key]
             continue
-        except _Reread:  # pass the gradients it reads, and trace again
+        except _Reread as reread:  # pass the gradients it reads, and trace again
+            _clear_frames(reread)
             vals = read_state(program, plan)
             last = plan.last = None
             continue
@@ -905,6 +1074,7 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
                 tuple(slots[i] for i in keep),
                 tuple(slots[i] for i in nones),
                 tuple(slots[i] for i in (*idx, *keep) if slots[i][1] == "grad"),
+                _held_slots(plan, idx),
             )
         return out
     raise RuntimeError("jm.compile: could not settle which state buffers to donate")

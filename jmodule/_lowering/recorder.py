@@ -31,8 +31,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax._src import core as _jax_core
+from jax._src.array import ArrayImpl as _ArrayImpl
 
 from jmodule._lowering import binding, state
+from jmodule._lowering import tape as _tape
 
 
 class _Sink:
@@ -89,9 +91,17 @@ class Recorder:
             a loss-only one; a ``jm.backward`` inside it makes it PyTorch style.
     """
 
-    def __init__(self, z: Any, only: set[int] | None = None, step_closure: bool = False):
+    def __init__(
+        self,
+        z: Any,
+        only: set[int] | None = None,
+        step_closure: bool = False,
+        tape: _tape.TapeTrace | None = None,
+    ):
         self.z = z
-        self.trace = z._trace
+        #: The eager tape recording the closure (``tape.py``), or None: ``jax.vjp``'s trace.
+        self.tape = tape
+        self.trace = z._trace if tape is None else tape
         #: Bindings active when it started (a compiled step's): values bound later (by a
         #: ``functional_call`` inside the closure) are not the parameters' own.
         self.depth = len(state.local.bound)
@@ -129,13 +139,10 @@ class Recorder:
     def tap(self, cell: Any, v: Any) -> Any:
         """Differentiate ``cell`` from now on: its slot holds ``tap(v, z)`` until the end."""
         index = len(self.tapped)
-        sink = _Sink(self, index)
-        if _jax_core.trace_ctx.trace is self.trace:
-            marked = _tap(sink, v, self.z)
-        else:  # first read inside a nested transformation (scan, vmap, checkpoint): tap
-            # at this recorder's level, so the value outlives the inner trace
-            with _jax_core.set_current_trace(self.trace):
-                marked = _tap(sink, v, self.z)
+        if self.tape is not None and type(v) is _ArrayImpl and not v.committed:
+            with _jax_core.set_current_trace(self.tape.parent_trace):  # maybe in a nested trace
+                v = _committed(v)
+        marked = self._mark(_Sink(self, index), v)
         self.tapped[id(cell)] = (cell, v, index)
         state.assign(cell, marked)
         return marked
@@ -163,16 +170,23 @@ class Recorder:
                 return None
         start = len(self.tapped)
         indices = tuple(range(start, start + len(cells)))
-        sink = _StackSink(self, indices)
-        if _jax_core.trace_ctx.trace is self.trace:
-            marked = _tap(sink, stacked, self.z)
-        else:
-            with _jax_core.set_current_trace(self.trace):
-                marked = _tap(sink, stacked, self.z)
+        marked = self._mark(_StackSink(self, indices), stacked)
         for b, (cell, index) in enumerate(zip(cells, indices)):
             self.tapped[id(cell)] = (cell, state.raw(cell), index)
             state.assign(cell, state.StackedValue(marked, b))
         return marked
+
+    def _mark(self, sink: _Sink, v: Any) -> Any:
+        """``v``, differentiated from now on: its cotangent goes to ``sink``."""
+        if self.tape is not None:
+            indices = sink.indices if type(sink) is _StackSink else (sink.index,)
+            return self.tape.leaf(v, indices)
+        if _jax_core.trace_ctx.trace is self.trace:
+            return _tap(sink, v, self.z)
+        # first read inside a nested transformation (scan, vmap, checkpoint): tap at this
+        # recorder's level, so the value outlives the inner trace
+        with _jax_core.set_current_trace(self.trace):
+            return _tap(sink, v, self.z)
 
     def tap_array(self, x: Any) -> tuple[Any, int]:
         """An array argument to differentiate (``jm.grad`` of an array): ``(tapped, index)``."""
@@ -250,6 +264,8 @@ def differentiate(
     (it called ``jm.backward`` itself). Recorded buffer writes are written
     back, as their primal values.
     """
+    if not state.local.bound and _tape.eager():
+        return _differentiate_eagerly(fn, only, has_aux, caller, step_closure)
     outer = state.local.recorder
     box: list[Recorder] = []
     #: ``(container, key)`` of the recorded writes: only their values pass through
@@ -289,6 +305,63 @@ def differentiate(
     if rec.tapped:
         vjp_fn(jnp.ones_like(loss))
     return loss, aux, rec, rec.grads
+
+
+def _differentiate_eagerly(
+    fn: Callable[[Recorder], Any],
+    only: set[int] | None,
+    has_aux: bool,
+    caller: str,
+    step_closure: bool,
+) -> tuple[Any, Any, Recorder, dict[int, Any] | None]:
+    """:func:`differentiate` outside any trace: the closure runs on a tape (``tape.py``).
+
+    The same contract, with the values concrete: what the closure wrote to
+    buffers is written back as arrays, and the loss and ``aux`` come back as
+    arrays.
+    """
+    outer = state.local.recorder
+    tape = _tape.TapeTrace(_jax_core.trace_ctx.trace)
+    rec = Recorder(None, only, step_closure, tape=tape)
+    state.local.recorder = rec
+    ok = False
+    try:
+        with _jax_core.set_current_trace(tape):
+            out = fn(rec)
+        ok = True
+    finally:
+        state.local.recorder = outer
+        try:
+            new = rec.finish(ok)
+        finally:
+            if not ok:
+                tape.done = True
+    for container, key, v in new:
+        container[key] = _tape.concrete(v)
+    loss, aux = out if has_aux else (out, None)
+    loss = state.value(loss)
+    try:
+        if not rec.nested and (not isinstance(loss, jax.Array) or loss.shape != ()):
+            raise RuntimeError(
+                f"{caller}: grad can be implicitly created only for scalar outputs "
+                f"(the loss has shape {getattr(loss, 'shape', type(loss).__name__)})"
+            )
+        grads = None if rec.nested else tape.backward(loss) if rec.tapped else {}
+    finally:
+        tape.done = True
+    return _tape.concrete(loss), _tape.usable(aux), rec, grads
+
+
+def _committed(v: Any) -> Any:
+    """``v`` committed to its device if it is a fresh array (``jnp`` output) that is not.
+
+    A compiled program keys its executables on committedness, and a program's
+    outputs are committed: a parameter committed on its first tap keeps the
+    first and second steps on the same programs.
+    """
+    if type(v) is _ArrayImpl and not v.committed and not v.is_deleted():
+        return jax.device_put(v, next(iter(v.devices())))
+    return v
 
 
 STEP_ARGUMENT_HELP = (

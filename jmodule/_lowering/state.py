@@ -459,7 +459,9 @@ def flatten_cell(cell: Cell) -> tuple[tuple[Any], None]:
 
 #: Attributes of a module, parameter, optimizer or generator that belong to this
 #: module's bookkeeping: never copied, pickled or compared.
-PRIVATE = frozenset({"_jm_version", "_jm_up", "_jm_desc", "_jm_lock", "_jm_stacks"})
+PRIVATE = frozenset(
+    {"_jm_version", "_jm_up", "_jm_desc", "_jm_lock", "_jm_stacks", "_jm_fused", "_jm_fusable"}
+)
 
 
 def without_private(d: dict) -> dict:

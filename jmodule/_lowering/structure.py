@@ -22,8 +22,11 @@ class ModuleInfo:
     """What a compiled program depends on, for one module of the tree."""
 
     cls: str
-    #: Identity of the module's plain attributes (a new token on every write).
-    stamp: object
+    #: The class itself: a class defined again (a notebook cell run again) is another one.
+    kind: type
+    #: The module's plain attributes by value (:func:`attributes`): an equal new model
+    #: has equal ones, so its programs are reused.
+    attrs: tuple
     training: bool
     pre_hooks: tuple[int, ...]
     hooks: tuple[int, ...]
@@ -64,7 +67,8 @@ def describe(root: Any) -> Description:
         md = m.__dict__
         infos[path] = ModuleInfo(
             cls=type(m).__qualname__,
-            stamp=md.get("_stamp"),
+            kind=type(m),
+            attrs=attributes(md),
             training=md["training"],
             pre_hooks=tuple(md["_forward_pre_hooks"]),
             hooks=tuple(md["_forward_hooks"]),
@@ -107,8 +111,138 @@ def stateful(key: Any, slots: Sequence[Slot], names: Sequence[str]) -> Descripti
     return Description(key=key, infos={}, slots=tuple(slots), names=tuple(names), named_modules=())
 
 
+#: Module attributes that are bookkeeping, not what ``forward`` computes with.
+BOOKKEEPING = frozenset(
+    {
+        "training",
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_non_persistent_buffers_set",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        "_is_full_backward_hook",
+        "_stamp",
+        "_compiled",
+        "_compile_options",
+    }
+)
+
+
+class _Same:
+    """An attribute compared by identity (an array, a function, any unhashable object).
+
+    Holding the object keeps its id from being reused while a program keyed on it lives.
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Same and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<{type(self.obj).__name__} object at {id(self.obj):#x}>"
+
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _value(v: Any, depth: int = 0) -> Any:
+    """A hashable stand-in for ``v`` that is equal for equal plain values."""
+    t = type(v)
+    if t in _SCALARS:
+        return (t, repr(v)) if t in (float, complex) else (t, v)  # repr: -0.0 and nan
+    if depth < 4 and t in (tuple, list) and len(v) <= 256:
+        return (t, tuple(_value(x, depth + 1) for x in v))
+    if depth < 4 and t is dict and len(v) <= 256:
+        return (t, tuple((_value(k, depth + 1), _value(x, depth + 1)) for k, x in v.items()))
+    try:
+        hash(v)
+    except TypeError:
+        return _Same(v)
+    if t.__hash__ is object.__hash__:
+        return _Same(v)  # equality by identity anyway
+    return (t, v)
+
+
+def attributes(d: dict) -> tuple:
+    """A module's plain attributes (from its ``__dict__``), as hashable values.
+
+    Two modules whose attributes hold equal numbers, strings, tuples, ... (and
+    the same arrays, functions and other objects) compute the same forward, so
+    programs traced for one serve the other: a model made again in a notebook
+    cell reuses what the previous one compiled.
+    """
+    return tuple(
+        (k, _value(v)) for k, v in d.items() if k not in BOOKKEEPING and k not in state.PRIVATE
+    )
+
+
+def _plain(v: Any) -> Any:
+    """What :func:`_value` stood in for, to print it."""
+    if type(v) is tuple and len(v) == 2 and isinstance(v[0], type):
+        t, payload = v
+        if t in (float, complex):
+            return t(payload)
+        if t in (tuple, list):
+            return t(_plain(x) for x in payload)
+        if t is dict:
+            return {_plain(k): _plain(x) for k, x in payload}
+        return payload
+    return v
+
+
+def _short(v: Any) -> str:
+    text = repr(_plain(v))
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def describe_path(path: str) -> str:
+    """``'[0].fc1.weight'`` -> ``"'fc1.weight' of argument 0"``: a slot's name, for users."""
+    return _named(path)
+
+
+def _named(path: str, name: str = "") -> str:
+    """``'[1].fc1'`` + ``'scale'`` -> ``"'fc1.scale' of argument 1"`` (``jm.compile``'s paths)."""
+    where = ""
+    if path.startswith("["):
+        index, _, path = path[1:].partition("]")
+        path = path.lstrip(".")
+        where = f" of argument {index}"
+    full = ".".join(p for p in (path, name) if p)
+    return f"'{full}'{where}" if full else f"the root module{where}"
+
+
+def _attribute_change(path: str, old: dict, new: dict) -> str:
+    for name in new:
+        if name not in old:
+            return f"attribute {_named(path, name)} was added"
+    for name in old:
+        if name not in new:
+            return f"attribute {_named(path, name)} was deleted"
+    for name, v in new.items():
+        if old[name] != v:
+            return f"attribute {_named(path, name)} changed ({_short(old[name])} -> {_short(v)})"
+    return f"attributes of {_named(path)} changed"
+
+
 def _where(path: str) -> str:
-    return f"'{path}'" if path else "the root module"
+    return _named(path)
 
 
 def structural_change(old: dict[str, ModuleInfo], new: dict[str, ModuleInfo]) -> str:
@@ -138,9 +272,7 @@ def structural_change(old: dict[str, ModuleInfo], new: dict[str, ModuleInfo]) ->
             old_rg, new_rg = dict(o.params), dict(n.params)
             for name in new_rg:
                 if name in old_rg and old_rg[name] != new_rg[name]:
-                    return (
-                        f"requires_grad of parameter '{path + '.' if path else ''}{name}' changed"
-                    )
+                    return f"requires_grad of parameter {_named(path, name)} changed"
             return f"parameters of {_where(path)} changed ({list(old_rg)} -> {list(new_rg)})"
         if o.buffers != n.buffers:
             return f"buffers of {_where(path)} changed ({list(o.buffers)} -> {list(n.buffers)})"
@@ -148,6 +280,8 @@ def structural_change(old: dict[str, ModuleInfo], new: dict[str, ModuleInfo]) ->
             return f"children of {_where(path)} changed"
         if o.cls != n.cls:
             return f"class of {_where(path)} changed ({o.cls} -> {n.cls})"
-        if o.stamp is not n.stamp:
-            return f"an attribute of {_where(path)} was set"
+        if o.kind is not n.kind:
+            return f"class {n.cls} of {_where(path)} was defined again"
+        if o.attrs != n.attrs:
+            return _attribute_change(path, dict(o.attrs), dict(n.attrs))
     return "global hooks or a stateful argument changed"

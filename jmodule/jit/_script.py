@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import jax
 
 from jmodule._lowering import state
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.compiled import CompiledForward, _forward_arg_names, _is_param
 from jmodule.jit import _code, _errors, _graph, _save
 from jmodule.jit._debug import DebugOptions, WithDumps, WithFallback
@@ -324,7 +325,7 @@ class ScriptModule(Module):
         try:
             out = module._call_impl(*args, **kwargs)
         except _errors.untraceable_types() as e:
-            raise _errors.untraceable(e, tuple(module.named_modules())) from e
+            raise _errors.untraceable(e, tuple(module.named_modules())) from _tracebacks.cause(e)
         _check_output(out, module)
         return out
 

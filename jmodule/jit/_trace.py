@@ -21,6 +21,7 @@ import jax
 
 from jmodule import random as _random
 from jmodule._lowering import binding, state, structure
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.arguments import Static, describe_args, unwrap_static, wrap_leaf
 from jmodule.jit._errors import TracingError
 
@@ -183,13 +184,13 @@ def trace_symbolic(run: Callable[[Signature], Any], signature: Signature) -> tup
     try:
         return run(signature.symbolic()), ""
     except TracingError as e:
-        if not isinstance(e.__cause__, InconclusiveDimensionOperation):
+        if not isinstance(e.jax_error, InconclusiveDimensionOperation):
             raise
         first = e
     constraint = f"{BATCH} >= 2"
     try:
         return run(signature.symbolic([constraint])), constraint
     except TracingError as e:
-        if isinstance(e.__cause__, InconclusiveDimensionOperation):
-            raise first from first.__cause__
+        if isinstance(e.jax_error, InconclusiveDimensionOperation):
+            raise first from _tracebacks.cause(first.jax_error)
         raise

@@ -512,6 +512,31 @@ class Optimizer:
 
     # ------------------------------------------------------------------ jm.compile
 
+    def _jm_traced_effects(self) -> tuple[bool, frozenset[int]]:
+        """After a ``jm.compile``'d call that traced: what its Python did to this optimizer.
+
+        ``step()`` marks the optimizer stepped (the schedulers' order check reads it)
+        and makes ``state[p]`` visible; that Python runs once, while tracing. A
+        program reused for another optimizer of the same structure (a notebook cell
+        making model and optimizer again) runs none of it, so the call replays it
+        (:meth:`_jm_replay`): ``(stepped, indices of the parameters with state)``.
+        """
+        return bool(self._opt_called), self._visible()
+
+    def _jm_replay(self, effects: tuple[bool, frozenset[int]]) -> None:
+        """Repeat what a reused program's trace reported (:meth:`_jm_traced_effects`)."""
+        called, visible = effects
+        if called:
+            self._opt_called = True
+        self._show(visible)
+
+    def _visible(self) -> frozenset[int]:
+        """Indices (in group order) of the parameters whose ``state`` entry is visible."""
+        return frozenset()
+
+    def _show(self, visible: frozenset[int]) -> None:
+        """Make the ``state`` entries of the parameters at ``visible`` visible."""
+
     def _jm_describe(self) -> structure.Description:
         """Structure key and state slots, for ``jm.compile`` (cached; cheap per call)."""
         seen = self._seen
@@ -889,6 +914,24 @@ class TorchOptimizer(Optimizer):
         rec = self._records[p] = Record(cfg, public, hidden)
         self._version += 1
         return rec
+
+    def _visible(self) -> frozenset[int]:
+        params = [p for g in self.param_groups for p in g["params"]]
+        return frozenset(i for i, p in enumerate(params) if p in self.state)
+
+    def _show(self, visible: frozenset[int]) -> None:
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i in visible:
+            p = params[i] if i < len(params) else None
+            if p is None or p in self.state:
+                continue
+            if p in self._packed:
+                bucket, j = self._packed[p]
+                self.state[p] = PackedState(bucket, j)
+            else:
+                rec = self._records.get(p)
+                if rec is not None:
+                    self._materialize(p, rec.public)
 
     def _materialize(self, p: Parameter, public: Any) -> None:
         """Make ``p``'s state visible in ``state`` (PyTorch keeps none for plain SGD)."""

@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 
 from jmodule import random as _random
-from jmodule._lowering import state as _state
-from jmodule.amp import _autocast as _amp
+from jmodule.nn.functional._utils import jit
 from jmodule.nn.parameter import as_array
 
 __all__ = ["batch_norm", "batch_norm_update", "dropout", "linear", "relu"]
 
 
+@jit(autocast="linear", inline=True)
 def linear(input: Any, weight: Any, bias: Any = None) -> jax.Array:
     """``input @ weight.T + bias``, as ``torch.nn.functional.linear``.
 
@@ -27,8 +27,6 @@ def linear(input: Any, weight: Any, bias: Any = None) -> jax.Array:
     """
     x, w = as_array(input), as_array(weight)
     b = None if bias is None else as_array(bias)
-    if _state.local.autocast is not None:
-        x, w, b = _amp.cast("linear", x, w, b)
     if w.ndim == 2 and x.ndim >= 1 and x.shape[-1] != w.shape[1]:
         raise RuntimeError(_matmul_shapes(x.shape, w.shape))
     out = jnp.matmul(x, w.T)
@@ -46,6 +44,7 @@ def _matmul_shapes(x: tuple, w: tuple) -> str:
     )
 
 
+@jit("inplace", inline=True)
 def relu(input: Any, inplace: bool = False) -> jax.Array:
     """max(input, 0). ``inplace`` is accepted; JAX returns a new array."""
     return jax.nn.relu(as_array(input))
@@ -73,10 +72,17 @@ def dropout(
         return x
     if p == 1.0:
         return jnp.zeros_like(x)
-    keep = jax.random.bernoulli(_random.next_key(), 1.0 - p, x.shape)
+    return _dropout_mask(_random.next_key(), x, p)
+
+
+@functools.partial(jax.jit, static_argnames="p", inline=True)
+def _dropout_mask(key: jax.Array, x: jax.Array, p: float) -> jax.Array:
+    """``x`` with elements zeroed with probability ``p`` (drawn from ``key``), the rest scaled."""
+    keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
     return jnp.where(keep, x / (1.0 - p), jnp.zeros((), x.dtype)).astype(x.dtype)
 
 
+@jit("training", "eps", inline=True)
 def batch_norm_update(
     input: Any,
     running_mean: Any,

@@ -31,6 +31,7 @@ from jmodule.nn.functional._utils import (
     clamp_min_straight_through,
     compute_dtype,
     concrete,
+    jit,
 )
 from jmodule.nn.parameter import as_array
 
@@ -394,11 +395,7 @@ def _picked_nll(
     class_dim = 0 if logp.ndim == 1 else 1
     classes = logp.shape[class_dim]
     valid = t != ignore_index
-    values = concrete(t)
-    if values is not None:
-        bad = values[(values != ignore_index) & ((values < 0) | (values >= classes))]
-        if bad.size:
-            raise IndexError(f"Target {int(bad.flat[0])} is out of bounds.")
+    _check_class_values(t, classes, ignore_index)
     safe = jnp.where(valid, t, 0)
     picked = jnp.take_along_axis(logp, jnp.expand_dims(safe, class_dim), axis=class_dim)
     picked = jnp.squeeze(picked, class_dim)
@@ -407,6 +404,23 @@ def _picked_nll(
     else:
         w = jnp.where(valid, as_array(weight).astype(logp.dtype)[safe], 0)
     return -picked * w, w, valid
+
+
+def _check_class_values(target: Any, classes: int, ignore_index: int) -> None:
+    """PyTorch's IndexError for a class index outside ``[0, classes)`` (when not traced)."""
+    values = concrete(target)
+    if values is None or not np.issubdtype(values.dtype, np.integer):
+        return
+    bad = values[(values != ignore_index) & ((values < 0) | (values >= classes))]
+    if bad.size:
+        raise IndexError(f"Target {int(bad.flat[0])} is out of bounds.")
+
+
+def _check_targets(input: Any, target: Any, ignore_index: int) -> None:
+    """The value check of class-index targets, made eagerly before a compiled loss runs."""
+    shape = getattr(input, "shape", None)
+    if shape:
+        _check_class_values(as_array(target), shape[0 if len(shape) == 1 else 1], ignore_index)
 
 
 def _nll_reduce(loss: jax.Array, w: jax.Array, reduction: str) -> jax.Array:
@@ -445,6 +459,12 @@ def nll_loss(
     Array(0.4904, dtype=float32)
     """
     reduction = _reduction(size_average, reduce, reduction)
+    _check_targets(input, target, ignore_index)
+    return _nll_loss(input, target, weight, ignore_index, reduction)
+
+
+@jit("ignore_index", "reduction", inline=True)
+def _nll_loss(input: Any, target: Any, weight: Any, ignore_index: int, reduction: str) -> Any:
     (x,), _, dtype = _float(input)
     loss, w, _ = _picked_nll(x, target, weight, ignore_index)
     return _nll_reduce(loss, w, reduction).astype(dtype)
@@ -481,6 +501,14 @@ def cross_entropy(
     reduction = _reduction(size_average, reduce, reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    _check_targets(input, target, ignore_index)
+    return _cross_entropy(input, target, weight, ignore_index, reduction, float(label_smoothing))
+
+
+@jit("ignore_index", "reduction", "label_smoothing", inline=True)
+def _cross_entropy(
+    input: Any, target: Any, weight: Any, ignore_index: int, reduction: str, label_smoothing: float
+) -> Any:
     (x,), compute, dtype = _float(input)
     class_dim = 0 if x.ndim == 1 else 1
     if x.ndim == 0:

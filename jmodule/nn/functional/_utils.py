@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.array import ArrayImpl as _ArrayImpl
 
 from jmodule._lowering import state as _state
+from jmodule._lowering import tape as _tape
 from jmodule._lowering.state import is_cell
 from jmodule.amp import _autocast as _amp
 from jmodule.nn.parameter import as_array
@@ -108,13 +110,18 @@ def _region_program(fn: Callable, jit_kwargs: dict) -> Callable:
 
 
 def jit(
-    *static: str, autocast: str | Callable[[dict], str | None] | None = None
+    *static: str,
+    autocast: str | Callable[[dict], str | None] | None = None,
+    inline: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorate a functional layer with ``jax.jit``, the named arguments static.
 
     An eager call then runs as one compiled program per configuration (and
     input shape) instead of dispatching and compiling each primitive on its
-    own, as ``jax.nn``'s functions do; inside a trace it simply inlines.
+    own, as ``jax.nn``'s functions do; inside an eager ``jm.backward`` it is
+    one operation on the tape (``_lowering/tape.py``: one forward and one
+    backward program). Inside a trace it is a nested ``jax.jit`` call (XLA
+    inlines it), or, with ``inline``, its operations traced in place.
     Lists among the static arguments are frozen to tuples; torch tensors and
     Parameters among the others become plain arrays.
 
@@ -125,11 +132,49 @@ def jit(
 
     def decorate(fn: Callable) -> Callable:
         # One program per autocast state (``fn`` may call other autocast-aware ops).
-        compiled = region_jit(fn, static_argnames=static)
+        compiled = region_jit(fn, static_argnames=static, inline=inline)
         signature = inspect.signature(fn)
+        kinds = [p.kind for p in signature.parameters.values()]
+        positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        # Positional calls (what layers make) skip binding the signature: the position
+        # of each static argument is known.
+        n_positional = len(kinds) if all(k == positional for k in kinds) else 0
+        static_at = frozenset(i for i, n in enumerate(signature.parameters) if n in static)
+
+        def full(n: int, statics: tuple, dynamic: Sequence[Any]) -> list:
+            s, d = iter(statics), iter(dynamic)
+            return [next(s) if i in static_at else next(d) for i in range(n)]
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if not kwargs and len(args) <= n_positional and _state.local.autocast is None:
+                args = tuple(
+                    _freeze(v)
+                    if i in static_at
+                    else v
+                    if v is None or type(v) is _ArrayImpl or isinstance(v, jax.Array)
+                    else _device_scalar(v)
+                    if type(v) in _SCALAR_TYPES
+                    else _as_array(v)
+                    for i, v in enumerate(args)
+                )
+                tape = _tape.active_tape()
+                if tape is None:
+                    return compiled(*args)
+                # One operation on the eager jm.backward's tape, keyed without jax.jit's
+                # argument parsing (the static arguments are known by position).
+                n = len(args)
+                statics = tuple(args[i] for i in static_at if i < n)
+                try:
+                    hash(statics)
+                except TypeError:
+                    return compiled(*args)
+                return tape.call(
+                    (call, n, statics),
+                    lambda *d: fn(*full(n, statics, d)),
+                    [a for i, a in enumerate(args) if i not in static_at],
+                    lambda *d: compiled(*full(n, statics, d)),
+                )
             bound = signature.bind(*args, **kwargs)
             arrays = []
             for name, value in bound.arguments.items():
@@ -202,6 +247,33 @@ def _as_array(value: Any) -> Any:
     if isinstance(value, (bool, int, float, complex)):
         return value
     return as_array(value)
+
+
+_SCALAR_TYPES = frozenset({bool, int, float, complex})
+
+#: Device copies of Python scalars passed to compiled layers eagerly, by type, value and
+#: x64 mode: ``jax.jit`` would copy ``momentum=0.1`` to the device on every call.
+_SCALARS: dict[tuple, jax.Array] = {}
+
+
+def _device_scalar(value: Any) -> Any:
+    """``value`` (a Python scalar) as a weakly typed device array, made once per value.
+
+    Only outside a trace, and never for a huge integer (which jax.jit refuses as it is).
+    """
+    key = (type(value), repr(value), jax.config.jax_enable_x64)
+    out = _SCALARS.get(key)
+    if out is None:
+        if not _tape.eager() or _state.local.bound:
+            return value
+        try:
+            out = _tape.untaped(jnp.asarray, value)
+        except OverflowError:
+            return value
+        if len(_SCALARS) >= 1024:
+            _SCALARS.clear()
+        _SCALARS[key] = out
+    return out
 
 
 def broadcast_shapes(a: tuple, b: tuple) -> tuple[int, ...]:

@@ -8,8 +8,9 @@ from typing import Any
 
 from jmodule._lowering import errors as _errors
 from jmodule._lowering import state
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.recorder import BackwardHooks
-from jmodule.nn.modules import _hooks
+from jmodule.nn.modules import _fusion, _hooks
 from jmodule.nn.modules._hooks import RemovableHandle
 
 # torch.compile keyword arguments and what jmodule does with them.
@@ -153,19 +154,24 @@ class CallMixin:
         return handle
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        compiled = self._compiled
-        if compiled is not None:  # it tells a gradient recorder itself
-            return compiled(args, kwargs)
-        recorder = state.local.recorder
-        if recorder is not None:  # a gradient is being taken: it may restore this module
-            recorder.enter(self)
         try:
+            compiled = self._compiled
+            if compiled is not None:  # it tells a gradient recorder itself
+                return compiled(args, kwargs)
+            if _fusion.wanted(self):  # library layers only: one compiled program (_fusion.py)
+                out = _fusion.call(self, args, kwargs)
+                if out is not _fusion.NOT_FUSED:
+                    return out
+            recorder = state.local.recorder
+            if recorder is not None:  # a gradient is being taken: it may restore this module
+                recorder.enter(self)
             return self._call_impl(*args, **kwargs)
-        except RuntimeError as e:  # explain an input deleted by donation
+        except Exception as e:  # jmodule's frames hidden; an input deleted by donation named
             deleted = _errors.deleted_input(e, (args, kwargs))
             if deleted is None:
+                _tracebacks.hide(e)
                 raise
-            raise deleted from e
+            raise deleted from _tracebacks.cause(e)
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` with the forward hooks, as PyTorch's ``_call_impl``."""

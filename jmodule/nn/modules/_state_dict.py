@@ -20,6 +20,7 @@ import numpy as np
 
 from jmodule._device import is_meta
 from jmodule._lowering import state
+from jmodule._lowering.errors import DeletedArrayError
 from jmodule.nn.modules._hooks import RemovableHandle
 from jmodule.nn.parameter import Parameter, as_array
 
@@ -93,10 +94,7 @@ def _value_problem(value: Any, current: Any, assign: bool) -> str | None:
     if isinstance(src, jax.core.Tracer):
         return None  # no value to check; copying it reports what goes wrong
     if isinstance(src, jax.Array) and src.is_deleted():
-        return (
-            "the jax.Array in the checkpoint has been deleted (by .delete(), or donated to a "
-            "compiled step that consumed it): it has no data"
-        )
+        return _DELETED_PROBLEM
     dtype = _dtype(src)
     if dtype is None:
         return None
@@ -121,6 +119,38 @@ def _value_problem(value: Any, current: Any, assign: bool) -> str | None:
             f"would overflow [{info.min}, {info.max}], not cast"
         )
     return None
+
+
+_DELETED_PROBLEM = (
+    "the jax.Array in the checkpoint has been deleted (by .delete(), or donated to a "
+    "compiled step that consumed it): it has no data"
+)
+
+
+class _DeletedKey(str):
+    """An ``error_msgs`` entry (PyTorch's message) for a deleted array; ``load_state_dict``
+    says all of them in one line."""
+
+    key: str
+
+    def __new__(cls, text: str, key: str) -> _DeletedKey:
+        self = super().__new__(cls, text)
+        self.key = key
+        return self
+
+
+def _deleted_keys(keys: list[str]) -> str:
+    """One line for every deleted array (PyTorch's format would repeat one per key)."""
+    shown = ", ".join(f'"{k}"' for k in keys[:4])
+    if len(keys) > 4:
+        shown += f" and {len(keys) - 4} more"
+    return (
+        f"The checkpoint's arrays for {shown} were deleted (they have no data). The usual "
+        "cause is donation: a jm.compile'd step reuses the memory of the state it rewrites, "
+        "so arrays of a state_dict() taken before it can be deleted by it. Copy the snapshot "
+        "as you take it ({k: v.copy() for k, v in model.state_dict().items()}), or compile "
+        "with jm.compile(fn, donate=False)."
+    )
 
 
 def _copy_error(key: str, current: Any, value: Any, problem: Any) -> str:
@@ -306,6 +336,9 @@ class StateDictMixin:
                 )
                 continue
             problem = _value_problem(value, current, assign)
+            if problem is _DELETED_PROBLEM:  # said once for all keys (load_state_dict)
+                error_msgs.append(_DeletedKey(_copy_error(key, current, value, (problem,)), key))
+                continue
             if problem is not None:
                 error_msgs.append(_copy_error(key, current, value, (problem,)))
                 continue
@@ -459,7 +492,13 @@ class StateDictMixin:
                 errors.insert(0, f"Missing key(s) in state_dict: {keys}. ")
         if errors:
             _restore(snapshot)
-            raise RuntimeError(
+            deleted = [e.key for e in errors if isinstance(e, _DeletedKey)]
+            kind = RuntimeError
+            if deleted:
+                errors = [e for e in errors if not isinstance(e, _DeletedKey)]
+                kind = RuntimeError if errors else DeletedArrayError
+                errors.append(_deleted_keys(deleted))
+            raise kind(
                 "Error(s) in loading state_dict for {}:\n\t{}".format(
                     type(self).__name__, "\n\t".join(errors)
                 )

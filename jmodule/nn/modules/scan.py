@@ -44,7 +44,7 @@ from jax._src import core as _jax_core
 from jax._src.interpreters import partial_eval as _pe
 
 from jmodule import random as _random
-from jmodule._lowering import binding, state
+from jmodule._lowering import binding, state, structure
 from jmodule._lowering import flat as _flat
 from jmodule.nn.modules import _hooks
 from jmodule.nn.modules.module import Module, _indent
@@ -52,33 +52,7 @@ from jmodule.nn.modules.module import Module, _indent
 __all__ = ["Scan", "scan"]
 
 #: Module attributes that are bookkeeping, not what ``forward`` computes with.
-_BOOKKEEPING = (
-    frozenset(
-        {
-            "training",
-            "_parameters",
-            "_buffers",
-            "_modules",
-            "_non_persistent_buffers_set",
-            "_forward_pre_hooks",
-            "_forward_pre_hooks_with_kwargs",
-            "_forward_hooks",
-            "_forward_hooks_with_kwargs",
-            "_forward_hooks_always_called",
-            "_state_dict_hooks",
-            "_state_dict_pre_hooks",
-            "_load_state_dict_pre_hooks",
-            "_load_state_dict_post_hooks",
-            "_backward_pre_hooks",
-            "_backward_hooks",
-            "_is_full_backward_hook",
-            "_stamp",
-            "_compiled",
-            "_compile_options",
-        }
-    )
-    | state.PRIVATE
-)
+_BOOKKEEPING = structure.BOOKKEEPING | state.PRIVATE
 
 _HOOK_HELP = (
     "The scanned blocks run as one traced loop body (the first block, with each block's "

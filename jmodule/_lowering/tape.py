@@ -1,0 +1,531 @@
+"""Eager gradients: a tape of cached compiled programs (``jm.backward`` outside any trace).
+
+PyTorch eager records each operation and its backward on a tape as it runs;
+``jm.backward`` run eagerly does the same with a JAX trace of its own,
+:class:`TapeTrace`. While the closure runs, every value computed from a
+parameter being differentiated is a :class:`TapeTracer`: its concrete array
+(``.val``, so printing it, ``float()`` and Python control flow on it work, as
+eagerly) and the tape node that made it. Each primitive JAX binds on such a
+value (a ``jnp`` function, or one call of a ``jax.jit``-compiled function, as
+every library layer of ``jm.nn.functional`` is) becomes one node:
+
+* its forward runs as one cached compiled program returning the outputs and
+  the residuals of ``jax.vjp`` (keyed by the primitive, its parameters, the
+  input types and which inputs are differentiated);
+* its backward is one cached compiled program of the pullback, called with
+  the residuals when ``backward`` walks the tape in reverse.
+
+So an eager step is two dispatches per layer, with programs compiled on the
+first step of a shape and reused after, where ``jax.vjp`` run eagerly
+interprets every primitive of forward and backward in Python. Values that do
+not depend on a differentiated parameter are never wrapped: they are computed
+by the enclosing trace as usual. ``jax.custom_vjp``/``custom_jvp`` functions
+called directly (backward hooks, activation checkpointing) are differentiated
+by ``jax.vjp`` of that one call, their own rules honoured; nothing is cached
+for them, as their Python may differ from call to call.
+
+This file is the only one that subclasses JAX's ``Trace``/``Tracer``
+(``jax._src.core``): no public JAX API lets a library add an
+autodiff mode. The compiled programs are plain ``jax.jit`` programs (XLA
+caches them; a persistent compilation cache keeps them across processes).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# JAX internals, in one place: the Trace/Tracer protocol a new transformation
+# implements (no public API exists for it), and how to make a trace current.
+from jax._src import core as _core
+
+__all__ = ["TapeTrace", "TapeTracer", "active_tape", "concrete", "eager", "untaped", "usable"]
+
+_float0 = jax.dtypes.float0
+
+
+def _bind_with_trace(prim: Any, trace: Any, args: Sequence[Any], params: dict) -> Any:
+    """``prim.bind`` of ``args`` on ``trace`` (JAX 0.10+ passes the argument types too)."""
+    return prim.bind_with_trace(trace, args, [_core.typeof(a) for a in args], params)
+
+
+if len(inspect.signature(_core.Primitive.bind_with_trace).parameters) == 4:  # no avals
+
+    def _bind_with_trace(prim: Any, trace: Any, args: Sequence[Any], params: dict) -> Any:
+        return prim.bind_with_trace(trace, args, params)
+
+
+# ----------------------------------------------------------------------------- values
+
+
+class _Node:
+    """One tape entry: the program that made some values, what it kept, where its inputs came
+    from, and the cotangents its outputs have received so far (during ``backward``).
+
+    A leaf (``op`` None) is a parameter being differentiated: ``sinks`` are the
+    recorder's tap indices its cotangent goes to (several for a stacked
+    value: block ``b``'s slice to ``sinks[b]``).
+    """
+
+    __slots__ = ("cts", "inputs", "kept", "n_out", "op", "sinks")
+
+    def __init__(self, op: Any, kept: Any, inputs: list, n_out: int, sinks: tuple = ()):
+        self.op = op
+        self.kept = kept
+        self.inputs = inputs
+        self.n_out = n_out
+        self.sinks = sinks
+        self.cts: list | None = None
+
+
+class TapeTracer(_core.Tracer):
+    """A value computed from differentiated parameters during an eager ``jm.backward``.
+
+    It is its array (``.val``) for everything that reads values: ``print``,
+    ``float``, ``bool`` and Python control flow see the concrete result, as in
+    PyTorch eager. Once its ``jm.backward`` is over it lowers to that array
+    wherever JAX computes with it (a value kept from the closure is usable).
+    """
+
+    __slots__ = ("index", "node", "val")
+
+    def __init__(self, trace: TapeTrace, val: Any, node: _Node, index: int):
+        self._trace = trace
+        self.aval = _core.typeof(val)
+        self.val = val
+        self.node = node
+        self.index = index
+
+    def to_concrete_value(self) -> Any:
+        return _core.to_concrete_value(self.val)
+
+    def full_lower(self) -> Any:
+        return self.val if self._trace.done else self
+
+    def get_referent(self) -> Any:
+        return _core.get_referent(self.val)
+
+    def cur_qdd(self) -> Any:
+        return _core.cur_qdd(self.val)
+
+    def __repr__(self) -> str:
+        return repr(self.val)
+
+    # Python numbers from the value, as torch's ``float(loss)`` and ``loss.item()``.
+    def __float__(self) -> float:
+        return float(self.val)
+
+    def __int__(self) -> int:
+        return int(self.val)
+
+    def __complex__(self) -> complex:
+        return complex(self.val)
+
+    def __index__(self) -> int:
+        return self.val.__index__()
+
+    def item(self, *args: Any) -> Any:
+        return self.val.item(*args)
+
+    def tolist(self) -> Any:
+        return self.val.tolist()
+
+    __str__ = __repr__
+
+    # jax.Array's placement, answered from the value (a plain Tracer has none).
+    @property
+    def sharding(self) -> Any:
+        return self.val.sharding
+
+    @property
+    def device(self) -> Any:
+        return self.val.device
+
+    def devices(self) -> Any:
+        return self.val.devices()
+
+    @property
+    def committed(self) -> bool:
+        return self.val.committed
+
+    def block_until_ready(self) -> TapeTracer:
+        self.val.block_until_ready()
+        return self
+
+    def is_deleted(self) -> bool:
+        return self.val.is_deleted()
+
+
+def concrete(x: Any) -> Any:
+    """``x``'s array if it is a :class:`TapeTracer` (of any tape), else ``x``."""
+    while type(x) is TapeTracer:
+        x = x.val
+    return x
+
+
+def usable(tree: Any) -> Any:
+    """``tree`` with every :class:`TapeTracer` leaf replaced by its array."""
+    return jax.tree_util.tree_map(concrete, tree, is_leaf=lambda x: type(x) is TapeTracer)
+
+
+def active_tape() -> TapeTrace | None:
+    """The tape this thread is recording into now, or None."""
+    trace = _core.trace_ctx.trace
+    return trace if type(trace) is TapeTrace else None
+
+
+def untaped(fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` computed beneath the active tape, if any (for values no gradient
+    flows through: a ``jax.jit`` call then takes JAX's fast path, which a tape's trace
+    would turn off)."""
+    trace = _core.trace_ctx.trace
+    if type(trace) is TapeTrace:
+        with _core.set_current_trace(trace.parent_trace):
+            return fn(*args)
+    return fn(*args)
+
+
+def eager() -> bool:
+    """Whether this thread runs eagerly now (no JAX trace active, or only a tape's)."""
+    trace = _core.trace_ctx.trace
+    return type(trace) is _core.EvalTrace or type(trace) is TapeTrace
+
+
+# ----------------------------------------------------------------------------- programs
+
+#: Compiled forward/backward pairs by ``(primitive, parameters, input types, mask)``.
+#: Like JAX's own caches of compiled programs (bounded, least recently used out);
+#: nothing in it coordinates callers: two threads building one entry both work.
+_OPS: OrderedDict[Any, _Compiled] = OrderedDict()
+_MAX_OPS = 4096
+
+
+class _Compiled:
+    """The forward and backward programs of one operation (see :func:`_compiled`).
+
+    ``fn`` takes every argument positionally: ``kinds[i]`` says whether
+    argument ``i`` is None (fixed, not passed), a value not differentiated,
+    or a differentiated one. The forward program returns the flat outputs
+    and the residuals the pullback needs, except residuals that are inputs
+    (the node keeps those; they are not copied out).
+    """
+
+    __slots__ = ("bwd", "from_inputs", "fwd", "inexact", "out_avals", "out_tree", "tree", "where")
+
+    def __init__(self, fn: Callable, kinds: tuple[int, ...]):
+        self.tree: Any = None
+        self.out_tree: Any = None
+        #: Per residual: the input it is (an index into the passed values), or -1.
+        self.where: tuple[int, ...] = ()
+        self.from_inputs: tuple[int, ...] = ()
+        self.out_avals: tuple[Any, ...] = ()
+        #: Per flat output: whether it is floating (differentiable).
+        self.inexact: tuple[bool, ...] = ()
+        self.bwd: dict[tuple[bool, ...], Callable] = {}
+        tracked_at = [i for i, k in enumerate(kinds) if k == _TRACKED]
+
+        def forward(*vals: Any) -> tuple[list, list]:
+            given = iter(vals)
+            full = [None if k == _NONE else next(given) for k in kinds]
+
+            def f(*t: Any) -> Any:
+                args = list(full)
+                for i, v in zip(tracked_at, t):
+                    args[i] = v
+                return fn(*args)
+
+            out, pullback = jax.vjp(f, *[full[i] for i in tracked_at])
+            outs, self.out_tree = jax.tree_util.tree_flatten(out)
+            res, self.tree = jax.tree_util.tree_flatten(pullback)
+            pos = {id(v): i for i, v in enumerate(vals)}
+            self.where = tuple(pos.get(id(r), -1) for r in res)
+            self.from_inputs = tuple(w for w in self.where if w >= 0)
+            self.out_avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs)
+            self.inexact = tuple(_inexact(o.dtype) for o in outs)
+            return outs, [r for r, w in zip(res, self.where) if w < 0]
+
+        self.fwd = jax.jit(forward)
+
+    def backward_program(self, present: tuple[bool, ...]) -> Callable:
+        """The compiled pullback for outputs whose cotangents are ``present`` (others zero)."""
+        program = self.bwd.get(present)
+        if program is None:
+
+            def backward(kept: list, inputs: list, cts: list) -> Any:
+                k, i = iter(kept), iter(inputs)
+                res = [next(i) if w >= 0 else next(k) for w in self.where]
+                pullback = jax.tree_util.tree_unflatten(self.tree, res)
+                given = iter(cts)
+                full = [next(given) if p else _zero(a) for p, a in zip(present, self.out_avals)]
+                return pullback(jax.tree_util.tree_unflatten(self.out_tree, full))
+
+            program = self.bwd[present] = jax.jit(backward)
+        return program
+
+    def run_backward(self, node: _Node, cts: list) -> Sequence[Any]:
+        present = tuple(c is not None for c in cts)
+        given = [c for c in cts if c is not None]
+        kept, inputs = node.kept
+        return self.backward_program(present)(kept, inputs, given)
+
+
+_NONE, _GIVEN, _TRACKED = 0, 1, 2
+
+
+def _inexact(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _zero(aval: Any) -> Any:
+    """The cotangent of an output that received none: zeros (float0 for integer outputs)."""
+    if _inexact(aval.dtype):
+        return jnp.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, _float0)
+
+
+def _compiled(key: Any, make: Callable[[], Callable], kinds: tuple[int, ...]) -> _Compiled:
+    op = _OPS.get(key)
+    if op is None:
+        op = _Compiled(make(), kinds)
+        _OPS[key] = op
+        if len(_OPS) > _MAX_OPS:
+            try:
+                _OPS.popitem(last=False)
+            except KeyError:  # another thread emptied it first
+                pass
+    return op
+
+
+class _Pullback:
+    """A node's backward as the pullback ``jax.vjp`` returned for that one call (not cached)."""
+
+    __slots__ = ("inexact", "out_avals", "out_tree")
+
+    def __init__(self, outs: Sequence[Any], out_tree: Any):
+        self.out_tree = out_tree
+        self.out_avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs)
+        self.inexact = tuple(_inexact(a.dtype) for a in self.out_avals)
+
+    def run_backward(self, node: _Node, cts: list) -> Sequence[Any]:
+        full = [_zero(a) if c is None else c for c, a in zip(cts, self.out_avals)]
+        return node.kept(jax.tree_util.tree_unflatten(self.out_tree, full))
+
+
+# ----------------------------------------------------------------------------- the trace
+
+
+#: Primitives whose outputs are constants of the gradient (``jax.lax.stop_gradient``).
+_CONSTANT = frozenset({"stop_gradient"})
+
+
+def _params_key(params: dict) -> Any:
+    items = tuple(params.items())
+    hash(items)  # TypeError: a parameter JAX does not hash (then nothing is cached)
+    return items
+
+
+class TapeTrace(_core.Trace):
+    """The trace of one eager ``jm.backward``: runs each operation and records it on the tape.
+
+    Args:
+        parent_trace: the trace that computes values (JAX's eager one, or the tape of
+            an enclosing gradient computation).
+    """
+
+    def __init__(self, parent_trace: Any):
+        super().__init__()
+        self.parent_trace = parent_trace
+        self.nodes: list[_Node] = []
+        #: The gradient computation is over: its values lower to their arrays.
+        self.done = False
+        self.requires_low = False
+
+    # -------------------------------------------------------------- making values
+
+    def leaf(self, value: Any, sinks: tuple[int, ...]) -> TapeTracer:
+        """``value`` as a differentiated input whose cotangent goes to tap ``sinks``."""
+        node = _Node(None, None, [], 1, sinks)
+        self.nodes.append(node)
+        return TapeTracer(self, value, node, 0)
+
+    def _split(self, tracers: Sequence[Any]) -> tuple[list, list, bool]:
+        vals: list = []
+        srcs: list = []
+        tracked = False
+        for t in tracers:
+            if type(t) is TapeTracer:
+                if t._trace is self:
+                    vals.append(t.val)
+                    srcs.append(t)
+                    tracked = True
+                    continue
+                if t._trace.done:  # kept from an earlier gradient computation: its value
+                    t = concrete(t)
+            vals.append(t)
+            srcs.append(None)
+        return vals, srcs, tracked
+
+    def _wrap(self, op: Any, kept: Any, srcs: list, outs: Sequence[Any]) -> list:
+        """The outputs of a node: a tracer for each floating one (others have no gradient)."""
+        node = _Node(op, kept, [(s.node, s.index) for s in srcs if s is not None], len(outs))
+        self.nodes.append(node)
+        return [
+            TapeTracer(self, o, node, i) if inexact else o
+            for i, (o, inexact) in enumerate(zip(outs, op.inexact))
+        ]
+
+    # -------------------------------------------------------------- JAX's protocol
+
+    def process_primitive(self, primitive: Any, tracers: Sequence[Any], params: dict) -> Any:
+        vals, srcs, tracked = self._split(tracers)
+        if not tracked or primitive.name in _CONSTANT:
+            return _bind_with_trace(primitive, self.parent_trace, vals, params)
+        make = lambda: functools.partial(primitive.bind, **params)
+        try:
+            key = (primitive, _params_key(params))
+            hash(key)
+        except TypeError:  # an unhashable parameter: differentiate this one call
+            return self._uncached(make(), vals, srcs)
+        return self._run(key, make, vals, srcs)
+
+    def call(self, key: Any, fn: Callable, args: Sequence[Any], direct: Callable) -> Any:
+        """``fn(*args)`` as one operation on the tape (a library function called eagerly).
+
+        ``key`` names ``fn`` and everything it closes over (a function and its
+        static arguments); ``args`` are arrays, tracers, Python scalars or None.
+        When none of them is differentiated, ``direct(*args)`` computes the
+        result instead (a compiled call, outside the tape).
+        """
+        vals, srcs, tracked = self._split(args)
+        if not tracked:
+            with _core.set_current_trace(self.parent_trace):
+                return direct(*vals)
+        return self._run(key, lambda: fn, vals, srcs)
+
+    def _run(self, key: Any, make: Callable[[], Callable], vals: list, srcs: list) -> Any:
+        kinds = tuple(
+            _NONE if v is None else _GIVEN if s is None else _TRACKED for v, s in zip(vals, srcs)
+        )
+        types = tuple(None if v is None else _core.typeof(v) for v in vals)
+        op = _compiled((key, types, kinds), make, kinds)
+        given = [v for v in vals if v is not None]
+        with _core.set_current_trace(self.parent_trace):
+            outs, kept = op.fwd(*given)
+        inputs = [given[i] for i in op.from_inputs]
+        wrapped = self._wrap(op, (kept, inputs), srcs, outs)
+        return jax.tree_util.tree_unflatten(op.out_tree, wrapped)
+
+    def _uncached(self, fn: Callable, vals: list, srcs: list) -> Any:
+        """``fn(*vals)`` differentiated by ``jax.vjp`` of this one call, run eagerly."""
+        mask = [s is not None for s in srcs]
+
+        def f(*t: Any) -> Any:
+            it = iter(t)
+            return fn(*[next(it) if m else v for v, m in zip(vals, mask)])
+
+        with _core.set_current_trace(self.parent_trace):
+            out, pullback = jax.vjp(f, *[v for v, m in zip(vals, mask) if m])
+        outs, out_tree = jax.tree_util.tree_flatten(out)
+        wrapped = self._wrap(_Pullback(outs, out_tree), pullback, srcs, outs)
+        return jax.tree_util.tree_unflatten(out_tree, wrapped)
+
+    def process_custom_jvp_call(
+        self, primitive: Any, fun: Any, jvp: Any, tracers: Sequence[Any], /, **params: Any
+    ) -> Any:
+        return self._custom(primitive, (fun, jvp), tracers, params)
+
+    def process_custom_vjp_call(
+        self, primitive: Any, fun: Any, fwd: Any, bwd: Any, tracers: Sequence[Any], /, **params: Any
+    ) -> Any:
+        return self._custom(primitive, (fun, fwd, bwd), tracers, params)
+
+    def _custom(self, primitive: Any, subfuns: tuple, tracers: Sequence[Any], params: dict) -> Any:
+        """A ``custom_jvp``/``custom_vjp`` call: ``jax.vjp`` of it, its own rule honoured."""
+        vals, srcs, tracked = self._split(tracers)
+        params = dict(params, subfuns=subfuns)
+        if not tracked:
+            return _bind_with_trace(primitive, self.parent_trace, vals, params)
+        return self._uncached(lambda *xs: primitive.bind(*xs, **params), vals, srcs)
+
+    def process_call(self, primitive: Any, f: Any, tracers: Sequence[Any], params: dict) -> Any:
+        return f.call_wrapped(*tracers)  # trace through: each operation inside is recorded
+
+    def process_map(self, *_: Any, **__: Any) -> Any:
+        raise NotImplementedError(
+            "jax.pmap inside an eager jm.backward is not supported: compile the step with "
+            "jm.compile (or use jax.shard_map / shardings, which jm.compile carries)."
+        )
+
+    def stage_value(self, val: Any) -> Any:
+        if type(val) is TapeTracer and val._trace is self:
+            return val
+        with _core.set_current_trace(self.parent_trace):
+            return self.parent_trace.stage_value(concrete(val))
+
+    def cur_qdd(self, x: Any) -> Any:
+        return _core.cur_qdd(concrete(x))
+
+    # -------------------------------------------------------------- the backward pass
+
+    def backward(self, loss: Any) -> dict[int, Any]:
+        """Walk the tape back from ``loss`` (seeded with ones): cotangents by tap index.
+
+        Each node runs once all the nodes after it (its consumers) have; a node
+        whose outputs received no cotangent is skipped, so parameters the loss
+        does not depend on get nothing. The tape is emptied.
+        """
+        grads: dict[int, Any] = {}
+        nodes, self.nodes = self.nodes, []
+        if type(loss) is not TapeTracer or loss._trace is not self:
+            return grads
+        start = loss.node
+        start.cts = [None] * start.n_out
+        start.cts[loss.index] = _seed(loss.val)
+        for node in reversed(nodes):
+            cts = node.cts
+            if cts is None:
+                continue
+            node.cts = None
+            op = node.op
+            if op is None:
+                ct = cts[0]
+                sinks = node.sinks
+                for b, i in enumerate(sinks):
+                    g = ct if len(sinks) == 1 else ct[b]
+                    grads[i] = g if i not in grads else grads[i] + g
+                continue
+            in_cts = op.run_backward(node, cts)
+            node.kept = None
+            for (src, j), c in zip(node.inputs, in_cts):
+                if c is None or (hasattr(c, "dtype") and c.dtype == _float0):
+                    continue
+                s = src.cts
+                if s is None:
+                    s = src.cts = [None] * src.n_out
+                s[j] = c if s[j] is None else s[j] + c
+        return grads
+
+
+#: Ones like a loss, by (shape, dtype, sharding): the seed of every backward pass, made
+#: once (an immutable array; a fresh ``ones_like`` is a dispatch per step).
+_SEEDS: dict[tuple, jax.Array] = {}
+
+
+def _seed(val: Any) -> Any:
+    try:
+        key = (val.shape, val.dtype, val.sharding)
+        out = _SEEDS.get(key)
+    except (AttributeError, TypeError):  # not a plain array: no cache
+        return jnp.ones_like(val)
+    if out is None:
+        if len(_SEEDS) >= 64:
+            _SEEDS.clear()
+        out = _SEEDS[key] = jnp.ones_like(val)
+    return out

@@ -1,0 +1,179 @@
+"""What a new user meets in the first hour: held arrays and donation, tracebacks, summary."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import traceback
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jmodule as jm
+import jmodule.nn.functional as F
+from jmodule import nn
+
+JMODULE_DIR = os.path.dirname(jm.__file__)
+
+
+def _model_and_step():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = jm.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @jm.compile
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = jm.backward(lambda: F.cross_entropy(model(x), y))
+        opt.step()
+        return loss
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8)), jnp.float32)
+    y = jnp.asarray([0, 1, 2, 3])
+    return model, opt, step, x, y
+
+
+@pytest.mark.parametrize("steps_before", [0, 3])
+def test_an_array_held_across_a_donated_step_is_named_once_before_it_is_deleted(steps_before):
+    model, opt, step, x, y = _model_and_step()
+    for _ in range(steps_before):
+        step(model, opt, x, y)
+    w = model[0].weight.data
+    with pytest.warns(jm.DonatedHeldWarning) as record:
+        step(model, opt, x, y)
+        step(model, opt, x, y)
+    assert len(record) == 1  # said once
+    text = str(record[0].message)
+    assert "'0.weight' of argument 0" in text and "deletes" in text
+    assert ".copy()" in text and "donate=False" in text
+    assert record[0].filename == __file__  # the user's line, not jmodule's
+    assert w.is_deleted()  # donation as documented; the warning came first
+
+
+def test_a_state_dict_snapshot_held_across_a_donated_step_is_named_then_load_says_it_once():
+    model, opt, step, x, y = _model_and_step()
+    snapshot = model.state_dict()
+    with pytest.warns(jm.DonatedHeldWarning, match=r"'0.weight' of argument 0 \(and 3 more\)"):
+        step(model, opt, x, y)
+    with pytest.raises(jm.DeletedArrayError) as info:
+        model.load_state_dict(snapshot)
+    assert str(info.value).count("were deleted") == 1
+    del info  # its traceback holds load_state_dict's frame, and that the current arrays
+    copied = {k: v.copy() for k, v in model.state_dict().items()}  # the fix it names
+    step(model, opt, x, y)
+    model.load_state_dict(copied)
+
+
+def test_a_training_loop_that_holds_nothing_does_not_warn():
+    model, opt, step, x, y = _model_and_step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):
+            step(model, opt, x, y)
+        copied = model[0].weight.data.copy()  # a copy is not the donated array
+        step(model, opt, x, y)
+    assert copied.shape == (16, 8)
+
+
+def test_load_state_dict_of_deleted_arrays_says_it_once_with_the_fix():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    snapshot = model.state_dict()
+    for v in snapshot.values():
+        v.delete()
+    other = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with pytest.raises(jm.DeletedArrayError) as info:
+        other.load_state_dict(snapshot)
+    text = str(info.value)
+    assert isinstance(info.value, RuntimeError)  # PyTorch's except RuntimeError still works
+    assert text.count("were deleted") == 1 and text.count("\n") == 1  # one line, not one per key
+    for key in snapshot:
+        assert f'"{key}"' in text
+    assert ".copy()" in text and "donate=False" in text
+
+
+def _frames(exc: BaseException) -> list[str]:
+    return [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def test_eager_error_traceback_opens_with_the_users_line():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(15, 4))
+    with pytest.raises(RuntimeError, match=r"in_features=15") as info:
+        model(jnp.ones((2, 8)))
+    frames = _frames(info.value)
+    assert frames and not any(f.startswith(JMODULE_DIR) for f in frames), frames
+    assert frames[-1] == __file__
+
+
+class _Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.fc(x)
+        return x
+
+
+def test_tracing_error_comes_first_not_after_jaxs():
+    f = jm.compile(lambda m, x: m(x))
+    with pytest.raises(jm.jit.TracingError) as info:
+        f(_Branchy(), jnp.ones((2, 4)))
+    err = info.value
+    assert err.__cause__ is None  # no JAX error printed before ours
+    assert isinstance(err.jax_error, jax.errors.TracerBoolConversionError)
+    text = "".join(traceback.format_exception(err))
+    assert text.index("Traceback") == 0 and "TracerBoolConversionError" in text
+    assert text.count("Traceback (most recent call last)") == 1
+    frames = _frames(err)
+    assert frames[0] == __file__
+    assert sum(f.startswith(JMODULE_DIR) for f in frames) <= 1  # at most the raise itself
+    assert type(err).__module__ == "jmodule.jit"
+
+
+def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def test_traceback_of_a_script_and_unfiltered_mode():
+    code = """
+        import jax.numpy as jnp
+        from jmodule import nn
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(15, 4))
+        model(jnp.ones((2, 8)))
+    """
+    filtered = _run(code)
+    assert filtered.returncode == 1
+    assert "jmodule" + os.sep not in filtered.stderr.split("RuntimeError")[0]
+    assert "removed their internal frames" in filtered.stderr
+    unfiltered = _run(code, {"JAX_TRACEBACK_FILTERING": "off"})
+    assert os.path.join("jmodule", "nn", "modules") in unfiltered.stderr
+    assert "in_features=15" in unfiltered.stderr
+
+
+def test_print_of_summary_shows_one_table():
+    code = """
+        import jax.numpy as jnp
+        import jmodule as jm
+        model = jm.nn.Sequential(jm.nn.Linear(4, 8), jm.nn.ReLU(), jm.nn.Linear(8, 2))
+        x = jnp.ones((3, 4))
+        print(jm.summary(model, x, compiled=False))
+        print("--")
+        jm.summary(model, x, compiled=False)
+        print("--")
+        s = jm.summary(model, x, compiled=False)
+    """
+    out = _run(code)
+    assert out.returncode == 0, out.stderr
+    parts = out.stdout.split("--\n")
+    assert [p.count("Total params: 58") for p in parts] == [1, 1, 1]
