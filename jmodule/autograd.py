@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from jmodule._lowering import recorder as _recorder
 from jmodule._lowering import state
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.binding import TracerLeakError
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter
@@ -101,8 +102,14 @@ def backward(
         )
     _recorder.note_backward()
     only = None if inputs is None else _targets(inputs)
-    loss, _, rec, grads = _recorder.differentiate(lambda _: closure(), only=only, caller="backward")
-    _accumulate(rec, grads, zeroed=frozenset())
+    try:
+        loss, _, rec, grads = _recorder.differentiate(
+            lambda _: closure(), only=only, caller="backward"
+        )
+        _accumulate(rec, grads, zeroed=frozenset())
+    except Exception as e:  # the closure's line and the message first, not jmodule's frames
+        _tracebacks.hide(e)
+        raise
     return loss
 
 

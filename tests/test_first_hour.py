@@ -108,6 +108,15 @@ def test_eager_error_traceback_opens_with_the_users_line():
     assert frames[-1] == __file__
 
 
+def test_error_inside_jm_backward_shows_the_closures_line_not_jmodules():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(15, 4))
+    with pytest.raises(RuntimeError, match=r"in_features=15") as info:
+        jm.backward(lambda: model(jnp.ones((2, 8))).sum())
+    frames = _frames(info.value)
+    assert frames and not any(f.startswith(JMODULE_DIR) for f in frames), frames
+    assert frames[-1] == __file__  # the closure's line
+
+
 class _Branchy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
