@@ -2,8 +2,9 @@
 
 JAX removes its own frames from the tracebacks of errors that pass through
 its API (``jax.jit``, ``jax.vjp``); jmodule does the same for its frames at
-its entry points (a module call, a ``jm.compile``'d call, ``jm.backward``), so that an error shows the user's
-code and jmodule's message, not up to 17 frames of ``jmodule/_lowering``.
+its entry points (a module call, a ``jm.compile``'d call, ``jm.backward``), so
+that an error shows the user's code and jmodule's message, not up to 17 frames
+of ``jmodule/_lowering``.
 It follows JAX's setting, ``JAX_TRACEBACK_FILTERING`` (``jax.config``):
 
 - ``off``: nothing is hidden, and jmodule's explanations chain the JAX error
