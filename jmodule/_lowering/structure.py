@@ -111,6 +111,21 @@ def stateful(key: Any, slots: Sequence[Slot], names: Sequence[str]) -> Descripti
     return Description(key=key, infos={}, slots=tuple(slots), names=tuple(names), named_modules=())
 
 
+#: A module's hook dictionaries (``Module.__init__`` makes each an empty ``OrderedDict``).
+HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+
 #: Module attributes that are bookkeeping, not what ``forward`` computes with.
 BOOKKEEPING = frozenset(
     {
@@ -119,17 +134,7 @@ BOOKKEEPING = frozenset(
         "_buffers",
         "_modules",
         "_non_persistent_buffers_set",
-        "_forward_pre_hooks",
-        "_forward_pre_hooks_with_kwargs",
-        "_forward_hooks",
-        "_forward_hooks_with_kwargs",
-        "_forward_hooks_always_called",
-        "_state_dict_hooks",
-        "_state_dict_pre_hooks",
-        "_load_state_dict_pre_hooks",
-        "_load_state_dict_post_hooks",
-        "_backward_pre_hooks",
-        "_backward_hooks",
+        *HOOK_DICTS,
         "_is_full_backward_hook",
         "_stamp",
         "_compiled",

@@ -107,19 +107,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
         d["_buffers"] = {}
         d["_non_persistent_buffers_set"] = set()
         d["_modules"] = {}
-        for name in (
-            "_forward_pre_hooks",
-            "_forward_pre_hooks_with_kwargs",
-            "_forward_hooks",
-            "_forward_hooks_with_kwargs",
-            "_forward_hooks_always_called",
-            "_state_dict_hooks",
-            "_state_dict_pre_hooks",
-            "_load_state_dict_pre_hooks",
-            "_load_state_dict_post_hooks",
-            "_backward_pre_hooks",
-            "_backward_hooks",
-        ):
+        for name in structure.HOOK_DICTS:
             d[name] = OrderedDict()
         d["_is_full_backward_hook"] = None
         # A fresh token: the identity of this module's plain attributes (a new one
