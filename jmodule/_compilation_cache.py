@@ -19,6 +19,8 @@ or ``no``. :func:`set_compilation_cache` changes it at run time.
 from __future__ import annotations
 
 import os
+import tempfile
+import warnings
 
 import jax
 
@@ -45,6 +47,23 @@ def _configure(path: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot hold the cache (made if missing), or None if it can."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+_UNWRITABLE = (
+    "the compilation cache directory {path!r} cannot be written ({why}). {then} Set "
+    "JMODULE_COMPILATION_CACHE to a writable directory, or to 0 to turn the cache off."
+)
+
+
 def configure_default() -> None:
     """What ``import jmodule`` does (see the module docstring)."""
     setting = os.environ.get("JMODULE_COMPILATION_CACHE")
@@ -52,7 +71,13 @@ def configure_default() -> None:
         return
     if jax.config.jax_compilation_cache_dir:
         return  # configured already, by the user
-    _configure(setting.strip() if setting and setting.strip() else default_dir())
+    path = setting.strip() if setting and setting.strip() else default_dir()
+    why = _unwritable(path)
+    if why is not None:  # said once, instead of JAX's warning on every compile
+        then = "jmodule runs without it (every new program compiles)."
+        warnings.warn(_UNWRITABLE.format(path=path, why=why, then=then), stacklevel=2)
+        return
+    _configure(path)
 
 
 def compilation_cache_dir() -> str | None:
@@ -73,6 +98,9 @@ def set_compilation_cache(path: str | os.PathLike | None) -> None:
     by default in ``~/.cache/jmodule/xla`` (see ``JMODULE_COMPILATION_CACHE``
     in the README to change or disable it before import).
 
+    Raises:
+        OSError: ``path`` cannot be made or written (the setting is unchanged).
+
     >>> import jmodule as jm
     >>> before = jm.compilation_cache_dir()
     >>> jm.set_compilation_cache(None)
@@ -82,5 +110,10 @@ def set_compilation_cache(path: str | os.PathLike | None) -> None:
     """
     from jax.experimental.compilation_cache import compilation_cache
 
-    _configure(None if path is None else os.fspath(path))
+    if path is not None:
+        path = os.fspath(path)
+        why = _unwritable(path)
+        if why is not None:
+            raise OSError(_UNWRITABLE.format(path=path, why=why, then="Nothing changed."))
+    _configure(path)
     compilation_cache.reset_cache()  # the next compile opens the new directory

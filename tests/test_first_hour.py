@@ -186,3 +186,57 @@ def test_print_of_summary_shows_one_table():
     assert out.returncode == 0, out.stderr
     parts = out.stdout.split("--\n")
     assert [p.count("Total params: 58") for p in parts] == [1, 1, 1]
+
+
+_CACHE_PROBE = """
+import json, os, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import jax.numpy as jnp
+    import jmodule as jm
+    jm.nn.Linear(3, 2)(jnp.ones((1, 3))).block_until_ready()
+d = jm.compilation_cache_dir()
+print(json.dumps({
+    "dir": d,
+    "entries": len(os.listdir(d)) if d else 0,
+    "warnings": [str(w.message) for w in caught if "compilation cache" in str(w.message)],
+}))
+"""
+
+
+def _probe(env: dict) -> dict:
+    import json
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JMODULE_", "JAX_COMP"))}
+    out = subprocess.run(
+        [sys.executable, "-c", _CACHE_PROBE],
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_compilation_cache_is_on_by_default_in_the_user_cache_dir_and_can_be_turned_off(tmp_path):
+    got = _probe({"XDG_CACHE_HOME": str(tmp_path)})
+    assert got["dir"] == str(tmp_path / "jmodule" / "xla")
+    assert got["entries"] > 0 and not got["warnings"]  # the program was stored there
+    moved = tmp_path / "elsewhere"
+    assert _probe({"JMODULE_COMPILATION_CACHE": str(moved)})["dir"] == str(moved)
+    assert (
+        _probe({"JMODULE_COMPILATION_CACHE": "0", "XDG_CACHE_HOME": str(tmp_path)})["dir"] is None
+    )
+
+
+def test_an_unwritable_compilation_cache_is_said_once_and_left_off(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    got = _probe({"JMODULE_COMPILATION_CACHE": str(blocker / "xla")})
+    assert got["dir"] is None
+    assert len(got["warnings"]) == 1 and "JMODULE_COMPILATION_CACHE" in got["warnings"][0]
+    before = jm.compilation_cache_dir()
+    with pytest.raises(OSError, match=r"cannot be written.*Nothing changed"):
+        jm.set_compilation_cache(blocker / "xla")
+    assert jm.compilation_cache_dir() == before
