@@ -130,11 +130,17 @@ def jm_and_torch(which: str) -> dict[str, Callable[[], Any]]:
         with torch.no_grad():
             return tmodel(tx)
 
+    # The floor: the same forward as one plain ``jax.jit`` program over the state.
+    state = {k: jnp.asarray(v) for k, v in model.state_dict().items()}
+    key = jax.random.key(0)
+    pure = jax.jit(lambda s, x, k: jm.func.functional_call(model, s, (x,), rng_key=k))
+
     return {
         "jm step": jm_step,
         "torch step": torch_step,
         "jm forward": lambda: model(x),
         "torch forward": torch_forward,
+        "floor forward": lambda: pure(state, x, key),
     }
 
 
@@ -295,16 +301,20 @@ def child(args: argparse.Namespace) -> dict:
         kinds = ("step", "forward") if which in FORWARD else ("step",)
         for kind in kinds:
             a, b = steps[f"jm {kind}"], steps[f"torch {kind}"]
+            floor = steps.get(f"floor {kind}")
             for _ in range(10):  # compile, warm
-                jax.block_until_ready(a())
-                jax.block_until_ready(b())
+                for f in (a, b, floor) if floor else (a, b):
+                    jax.block_until_ready(f())
             for regime in harness.REGIMES:
                 rounds: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+                floors: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
                 for r in range(args.rounds):
                     threads = 1 + r % 2
                     _set_threads(threads)
                     jax.block_until_ready(b())
                     rounds[threads].append(paired(a, b, args.pairs, regime))
+                    if floor:
+                        floors[threads].append(paired(floor, b, args.pairs, regime))
                 torch_t = {n: statistics.median(t for _, t in v) for n, v in rounds.items()}
                 best = min(torch_t, key=torch_t.get)
                 ratio = statistics.median(j / t for j, t in rounds[best])
@@ -317,6 +327,13 @@ def child(args: argparse.Namespace) -> dict:
                     f"torch ({3 - best} thread{'s' if best == 1 else ''})": torch_t[3 - best],
                 }
                 print(f"{name}: jm {jm_t * 1e6:.0f} us, torch {torch_t} -> {ratio:.3f}x")
+                if floor:
+                    fl = statistics.median(j / t for j, t in floors[best])
+                    out["floors"] = out.get("floors", {}) | {name: fl}
+                    out["times"][name]["plain jax.jit (floor)"] = statistics.median(
+                        j for j, _ in floors[best]
+                    )
+                    print(f"{name}: plain jax.jit / torch -> {fl:.3f}x")
         _set_threads(min(torch_t, key=torch_t.get) if which in FORWARD else 1)
         for name, f in peers(which).items():
             jax.block_until_ready(f())  # compiles each primitive
@@ -445,6 +462,17 @@ def main() -> None:
             for k in dict.fromkeys(k for t in times for k in t)
         }
         tables[name] = reference_first(table)
+        if "floors" in runs[0] and name in runs[0]["floors"]:
+            fl = [r["floors"][name] for r in runs]
+            harness.figure(
+                figures,
+                f"{text} as plain jax.jit (the floor): / PyTorch eager "
+                f"(3 processes: {', '.join(f'{p:.2f}' for p in fl)})",
+                regime.rstrip("]"),
+                min(fl),
+                statistics.median(fl),
+                None,
+            )
     data: dict[str, Any] = {"processes": runs}
     if not args.no_first:
         print()

@@ -69,9 +69,13 @@ class Generator:
 
     def materialize(self) -> jax.Array:
         """The current key, made from the seed if no draw has happened yet."""
+        if self is default_generator:
+            state.using_generator(self)
         if self._key is None:
-            with jax.ensure_compile_time_eval():  # concrete even inside a trace
-                self._key = _make_key(self._seed)
+            with state.lock(self):  # made once: a second thread must not reset the stream
+                if self._key is None:
+                    with jax.ensure_compile_time_eval():  # concrete even inside a trace
+                        self._key = _make_key(self._seed)
         return self._key
 
     def get_state(self) -> jax.Array:
@@ -80,6 +84,8 @@ class Generator:
 
     def set_state(self, state: jax.Array) -> None:
         """Restore a state returned by :meth:`get_state`."""
+        if self is default_generator:
+            state.using_generator(self)
         self._key = jnp.asarray(state, dtype=jnp.uint32)
 
     def next_key(self) -> jax.Array:
@@ -90,12 +96,13 @@ class Generator:
                 its trace: an explicit generator used inside compiled code, or
                 any draw inside a JAX transformation jmodule does not manage.
         """
-        new, sub = _tape.untaped(_split, self.materialize())
-        if isinstance(new, jax.core.Tracer) and not state.is_bound(self.__dict__):
-            if self is not default_generator and state.tracing():
-                raise RuntimeError(_EXPLICIT_IN_TRACE)
-            raise RuntimeError(_FOREIGN_TRACE)
-        self._key = new
+        with state.lock(self):  # two threads drawing at once take different keys
+            new, sub = _tape.untaped(_split, self.materialize())
+            if isinstance(new, jax.core.Tracer) and not state.is_bound(self.__dict__):
+                if self is not default_generator and state.tracing():
+                    raise RuntimeError(_EXPLICIT_IN_TRACE)
+                raise RuntimeError(_FOREIGN_TRACE)
+            self._key = new
         return sub
 
 

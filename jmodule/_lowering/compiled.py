@@ -80,6 +80,40 @@ def _learned(program: Program, plan: Plan) -> None:
     if plan.draws is None:
         plan.draws = _draws(program, plan)
         plan.guard = _guard(plan)
+        if plan.draws is False:
+            _stub(plan)
+
+
+def _stub(plan: Plan) -> None:
+    """Leave the default generator out of a plan whose program does not use it.
+
+    Its key stays a program input (the same program), read from a slot of the
+    plan's own: a call that does not hold the generator's lock must neither read
+    the shared key (another thread's trace may have bound it) nor bind it while
+    it traces again. Called holding the generator's lock, so the key is concrete.
+    """
+    c, k = plan.slots[-1]
+    if c is not plan.generator.__dict__:
+        return
+    stub = ({k: c[k]}, k)
+    plan.slots = (*plan.slots[:-1], stub)
+    fast = plan.fast
+    if fast is not None:
+        plan.fast = fast._replace(
+            donated=tuple(stub if s[0] is c else s for s in fast.donated),
+            kept=tuple(stub if s[0] is c else s for s in fast.kept),
+        )
+
+
+def _unstub(plan: Plan) -> bool:
+    """Put the default generator back into ``plan`` (its trace used it); False if it was in."""
+    if plan.slots[-1][0] is plan.generator.__dict__:
+        return False
+    plan.slots = (*plan.slots[:-1], state.rng_slot(plan.generator))
+    plan.draws = None
+    plan.guard = _guard(plan)
+    plan.fast = None
+    return True
 
 
 def _forward_arg_names(module: Any) -> list[str] | None:
@@ -277,10 +311,24 @@ def _effects(program: Program, plan: Plan, traces: int) -> None:
 
 def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: Any) -> Any:
     """Call the program for ``plan`` (from this thread's context: traced, recorded or locked)."""
+    try:
+        return _run_plan_once(program, plan, donate, args, kwargs)
+    except state.NeedsGenerator:
+        if not _unstub(plan):
+            raise  # an enclosing trace left the generator out: that call retries
+        return _run_plan_once(program, plan, donate, args, kwargs)
+
+
+def _run_plan_once(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: Any) -> Any:
+    local = state.local
+    if local.rng_left_out and plan.slots[-1][0] is plan.generator.__dict__:
+        # Inside a trace that left the generator out, a call that reads it: the
+        # enclosing call puts it back and traces again.
+        raise state.NeedsGenerator()
     code = plan.code
     if code is not None and code.changed() is not None:
         program.stale(plan)
-    local = state.local
+        _unstub(plan)  # the Python changed: it may draw now
     run = _program.call_donating if donate else _program.call
     if local.recorder is None and not local.bound:
         if _traced((args, kwargs)):
@@ -311,7 +359,7 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
         # A PyTorch-style step closure differentiates nothing: its compiled calls run
         # as they would outside it (the same programs, donating, under its locks).
         with _recorder.outside(rec):
-            return _run_plan(program, plan, donate, args, kwargs)
+            return _run_plan_once(program, plan, donate, args, kwargs)
     if rec is not None and not local.bound:
         # An eager jm.backward (its tape): the call may trace (its tape node is compiled
         # for each new kind of input), and a trace binds every slot of the objects and
@@ -330,9 +378,11 @@ def _run_plan(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: A
 
 
 def _draws(program: Program, plan: Plan) -> bool | None:
-    """Whether the program writes the RNG key (the last slot), once it has been traced."""
+    """Whether the program uses the RNG key (the last slot), once it has been traced."""
     writes = program.writes.get(plan.key)
-    return None if writes is None else len(plan.slots) - 1 in writes
+    if writes is None:
+        return None
+    return len(plan.slots) - 1 in writes or plan.key in program.rng_users
 
 
 class CompiledForward:
@@ -378,6 +428,7 @@ class CompiledForward:
             code = plan.code
             if code is not None and code.changed() is not None:  # the Python it traced changed
                 self.program.stale(plan)
+                _unstub(plan)  # it may draw now
                 self.program.jitted(plan)
             if not kwargs:
                 for a in args:
@@ -404,6 +455,10 @@ class CompiledForward:
                 if plan.draws is None:
                     _learned(self.program, plan)
             return out
+        except state.NeedsGenerator:
+            if self._plan is None or not _unstub(self._plan):
+                raise  # an enclosing trace left the generator out: that call retries
+            return self(*given)
         except _errors.untraceable_types() as e:
             raise _errors.untraceable(
                 e, tuple(self.module.named_modules()), _errors.EAGER_COMPILE
@@ -597,10 +652,13 @@ class CompiledFunction:
                     matched[0].code is None or matched[0].code.changed() is None
                 ):
                     plan, arrays = matched
-                    with plan.guard:
-                        out = _program.call_fast(self.program, plan, plan.fast, arrays)
-                        if out is not _program.SLOW:
-                            return out
+                    try:
+                        with plan.guard:
+                            out = _program.call_fast(self.program, plan, plan.fast, arrays)
+                            if out is not _program.SLOW:
+                                return out
+                    except state.NeedsGenerator:  # it draws now: a new plan holds the lock
+                        _unstub(plan)
             plan, a, k = self._prepare(args, kwargs)
             return _run_plan(self.program, plan, self.donate, a, k)
         except _errors.untraceable_types() as e:

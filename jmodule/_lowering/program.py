@@ -260,6 +260,8 @@ class Program:
         self.arg_names = arg_names
         self.entries: dict[Any, Callable] = {}
         self.donations: dict[Any, Donation] = {}
+        #: Structure keys whose traces read or wrote the default generator's key.
+        self.rng_users: set[Any] = set()
         #: Per structure key, the ``.grad`` slots the function overwrites unread.
         self.grad_unread: dict[Any, frozenset[int]] = {}
         #: Per structure key, every slot a trace of it has written.
@@ -343,6 +345,7 @@ class Program:
             )
             self._last_sig.pop(key, None)
             self.backward.discard(key)
+            self.rng_users.discard(key)
             self._replay = {s: r for s, r in self._replay.items() if s[0] != key}
             self._pending_reason = code.reason or "the Python the program ran changed"
             self._infos = None
@@ -481,6 +484,12 @@ class Program:
         watch = binding.GradWatch({id(c): i for i, (c, k) in enumerate(slots) if k == "grad"})
         local = state.local
         outer, local.watch = local.watch, watch
+        # Whether this trace left the generator out (its slot is the plan's own stub), and
+        # whether it used the generator (set by the generator; an enclosing trace uses
+        # what this one uses).
+        outer_left_out, outer_used = local.rng_left_out, local.rng_used
+        local.rng_left_out = slots[-1][0] is not plan.generator.__dict__
+        local.rng_used = False
         try:
             with binding.bound(slots, vals, plan.named_modules):
                 out = self.fn(plan.objects, args, kwargs)
@@ -488,6 +497,10 @@ class Program:
                 new = tuple(slots[i][0][slots[i][1]] for i in idx)
         finally:
             local.watch = outer
+            used = local.rng_used
+            local.rng_left_out, local.rng_used = outer_left_out, outer_used or used
+        if used:
+            self.rng_users.add(key)
         self.writes[key] = self.writes.get(key, frozenset()) | frozenset(idx)
         if watch.backward:
             self.backward.add(key)

@@ -98,6 +98,22 @@ class _Thread(threading.local):
         #: ``(device_type, dtype name)`` pairs, one per enabled device type, or None.
         #: Part of every compiled program's key: what an op casts to is traced in.
         self.autocast: tuple | None = None
+        #: Whether the innermost active trace left the default generator out (its
+        #: program was known not to draw: see ``compiled._stub``), and whether the
+        #: innermost active trace used the generator's key.
+        self.rng_left_out = False
+        self.rng_used = False
+
+
+class NeedsGenerator(Exception):
+    """A trace that left the default generator out of its program used it.
+
+    Raised by the generator inside such a trace; the compiled call catches it,
+    puts the generator back into the program (holding its lock) and calls
+    again. A program's Python can start drawing on a retrace (a shape, a
+    changed global): the call then still takes its numbers from the stream,
+    holding the generator's lock.
+    """
 
 
 #: Per-thread context (a ``threading.local``): never shared between threads.
@@ -293,8 +309,18 @@ def grad_value(container: dict) -> Any:
 
 def rng_slot(generator: Any) -> Slot:
     """The slot holding ``generator``'s key (made from its seed first, if need be)."""
-    generator.materialize()
+    if generator.__dict__.get("_key") is None:
+        generator.materialize()
     return (generator.__dict__, "_key")
+
+
+def using_generator(generator: Any) -> None:
+    """Note that ``generator``'s key is read or written here (inside a trace: its program
+    uses it), or raise :class:`NeedsGenerator` where the trace left it out."""
+    if local.bound:
+        if local.rng_left_out:
+            raise NeedsGenerator()
+        local.rng_used = True
 
 
 def _binary(op):
