@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,12 @@ class CheckpointManager:
         with _errors.saving(self.directory, lambda: None):
             self.directory.mkdir(parents=True, exist_ok=True)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: concurrent.futures.Future | None = None
+        # The background saves whose outcome no call has taken yet, and the errors taken
+        # but not yet raised (each is raised once, by the next call that waits). Calls
+        # from several threads take them under the lock, so no save's outcome is lost.
+        self._lock = threading.RLock()
+        self._pending: list[concurrent.futures.Future] = []
+        self._errors: list[BaseException] = []
         if _leads():
             for name in _atomic.leftover_names(self.directory):
                 _atomic.repair(self.directory / name)
@@ -167,23 +173,25 @@ class CheckpointManager:
                 "could deadlock); use CheckpointManager(directory, async_=False), or jm.save, "
                 "which every process calls with the same path."
             )
-        self.wait_until_finished()
-        path = self._path(step)
-        if path.exists() and not overwrite:
-            raise CheckpointExistsError(
-                f"step {step} already exists in '{self.directory}'; pass overwrite=True to "
-                "replace it"
-            )
-        prepared = _directory.prepare(obj, snapshot=self.async_)
-        if not self.async_:
-            self._write(prepared, step, overwrite)
-            return True
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jm-checkpoint"
-            )
-        self._pending = self._executor.submit(self._write, prepared, step, overwrite)
-        _inflight.track(self._pending, f"step {step} to '{path}'")
+        with self._lock:
+            self._finish()
+            path = self._path(step)
+            if path.exists() and not overwrite:
+                raise CheckpointExistsError(
+                    f"step {step} already exists in '{self.directory}'; pass overwrite=True "
+                    "to replace it"
+                )
+            prepared = _directory.prepare(obj, snapshot=self.async_)
+            if not self.async_:
+                self._write(prepared, step, overwrite)
+                return True
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="jm-checkpoint"
+                )
+            future = self._executor.submit(self._write, prepared, step, overwrite)
+            _inflight.track(future, f"step {step} to '{path}'")
+            self._pending.append(future)
         return True
 
     def _write(self, prepared: _directory.Prepared, step: int, overwrite: bool) -> None:
@@ -202,11 +210,27 @@ class CheckpointManager:
         _barrier("jm-checkpoint-manager-saved")  # every process sees the tidied directory
 
     def wait_until_finished(self) -> None:
-        """Block until the save in flight (if any) is on disk; raise its error if it failed."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            _inflight.forget(pending)
-            pending.result()
+        """Block until every save in flight is on disk; raise the error of one that failed.
+
+        Each failed background save raises once, from whichever thread's call
+        (``wait_until_finished``, ``save``, ``restore`` or ``close``) comes
+        next; when several failed, the next calls raise the others in turn.
+        """
+        with self._lock:
+            self._finish()
+
+    def _finish(self) -> None:
+        """Wait for the saves in flight (holding the lock); raise the first error not raised."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            try:
+                future.result()
+            except BaseException as error:  # KeyboardInterrupt in the writer too
+                self._errors.append(error)
+            finally:
+                _inflight.forget(future)
+        if self._errors:
+            raise self._errors.pop(0)
 
     def restore(self, step: int | None = None, map_location: Any = None) -> Any:
         """Load ``step`` (default: the latest complete one); see ``jm.load``.
@@ -228,12 +252,13 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Finish the save in flight and stop the background thread."""
-        try:
-            self.wait_until_finished()
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+        with self._lock:
+            try:
+                self._finish()
+            finally:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                    self._executor = None
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -242,3 +242,62 @@ def test_an_unverified_load_whose_checkpoint_is_replaced_midway_is_not_a_mixture
     assert sorted(loaded) == sorted(renamed)
     assert _whole(loaded) == 2.0
     assert len(calls) == 2
+
+
+# ------------------------------------------------ background failures, racing threads
+
+
+def _racing_manager_trial(root: Path, trial: int, callers: str) -> tuple[list, list[int]]:
+    """Two threads save at once through one async manager, one of them a save that fails
+    in the background (an overwrite of a directory that is not a checkpoint); then both
+    call ``callers`` ('wait', 'close' or 'save': the next call of each thread).
+    Returns every error raised, by any call, and the complete steps on disk."""
+    d = root / str(trial)
+    (d / "5").mkdir(parents=True)
+    (d / "5" / "notes.txt").write_text("not a checkpoint")
+    manager = CheckpointManager(d, async_=True)
+    start = threading.Barrier(2)
+    raised: list[BaseException] = []
+    lock = threading.Lock()
+
+    def thread(step: int, overwrite: bool) -> None:
+        calls = [
+            lambda: manager.save(step, {"w": np.full(64, step)}, overwrite=overwrite),
+            {
+                "wait": manager.wait_until_finished,
+                "close": manager.close,
+                "save": lambda: manager.save(100 + step, {"w": np.zeros(2)}),
+            }[callers],
+            manager.wait_until_finished,
+        ]
+        start.wait()
+        for call in calls:
+            try:
+                call()
+            except Exception as e:  # counted below
+                with lock:
+                    raised.append(e)
+
+    threads = [
+        threading.Thread(target=thread, args=(5, True)),
+        threading.Thread(target=thread, args=(6, False)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        manager.close()
+    except Exception as e:  # a failure nobody took yet would show here: counted too
+        raised.append(e)
+    return raised, manager.all_steps()
+
+
+@pytest.mark.parametrize("callers", ["wait", "close", "save"])
+def test_a_failed_background_save_raises_exactly_once_whichever_thread_waits(tmp_path, callers):
+    for trial in range(5):
+        raised, steps = _racing_manager_trial(tmp_path / callers, trial, callers)
+        failures = [e for e in raised if "not a jmodule checkpoint" in str(e)]
+        assert len(failures) == 1, (trial, raised)
+        assert [e for e in raised if e not in failures] == [], (trial, raised)
+        assert 6 in steps and 5 not in steps, (trial, steps)
