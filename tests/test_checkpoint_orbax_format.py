@@ -172,12 +172,13 @@ def test_a_spec_template_that_disagrees_with_orbax_is_not_used(tmp_path, monkeyp
 
     real = _orbax_writer._renamed
 
-    def wrong(template, name, shape):
-        spec = real(template, name, shape)
+    def wrong(template, name, shape, directory):
+        spec = real(template, name, shape, directory)
         spec["metadata"]["chunk_grid"]["configuration"]["chunk_shape"] = [1] * len(shape)
         return spec
 
     monkeypatch.setattr(_orbax_writer, "_renamed", wrong)
+    monkeypatch.setattr(_orbax_writer, "_TEMPLATES", {})  # checked again in this process
     state = {f"p{i}": jnp.full((i + 2, 3), float(i)) for i in range(4)}
     jms.save(state, tmp_path / "jm")
     theirs = _orbax_dir(tmp_path, _stored_as_jm_names(state))
@@ -188,6 +189,40 @@ def test_a_spec_template_that_disagrees_with_orbax_is_not_used(tmp_path, monkeyp
             kv_theirs.read(key).result().value
         )
     back = jms.load(tmp_path / "jm")
+    for key, x in state.items():
+        np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))
+
+
+def test_orbaxs_spec_builder_runs_once_per_dtype_and_rank_in_a_process(tmp_path, monkeypatch):
+    # Orbax's builder costs ~0.3 ms of Python per call and TensorStore's to_json inside
+    # it leaks: later saves derive every spec from the process's checked templates
+    # (benchmarks/soak.py's memory figure).
+    from jmodule.serialization import _orbax_writer
+
+    monkeypatch.setattr(_orbax_writer, "_TEMPLATES", {})
+    calls = []
+    real = _orbax_writer._Specs.orbax
+
+    def counted(self, name, data):
+        calls.append((data.dtype.name, data.ndim))
+        return real(self, name, data)
+
+    monkeypatch.setattr(_orbax_writer._Specs, "orbax", counted)
+    state = {f"p{i}": jnp.full((i + 2, 3), float(i)) for i in range(3)} | {"b": jnp.ones(5), "c": jnp.zeros(7)}
+    jms.save(state, tmp_path / "first")
+    first = list(calls)
+    assert sorted(set(first)) == [("float32", 1), ("float32", 2)]
+    for n in range(3):
+        jms.save(state, tmp_path / f"again{n}")
+    assert calls == first  # no call for later saves, into other directories
+    theirs = _orbax_dir(tmp_path, _stored_as_jm_names(state))
+    kv_mine, kv_theirs = _kvstore(tmp_path / "again2" / "arrays"), _kvstore(theirs)
+    for i in range(len(state)):
+        key = f"a{i}/zarr.json"
+        assert json.loads(kv_mine.read(key).result().value) == json.loads(
+            kv_theirs.read(key).result().value
+        )
+    back = jms.load(tmp_path / "again2")
     for key, x in state.items():
         np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))
 

@@ -74,21 +74,30 @@ def _write_json(path: Path, obj: Any, compact: bool = False) -> None:
     path.write_text(text)
 
 
+#: Per dtype and rank: an Orbax write spec to derive every array's from (its name, shape
+#: and directory replaced), and whether a derived spec was checked against Orbax's own
+#: (a template whose check failed is None: Orbax is asked for each array). Kept for the
+#: process, not per save: Orbax's spec builder costs ~0.3 ms of Python per call, and
+#: TensorStore 0.1.86's ``KvStore.Spec.to_json``, which it calls, leaks ~200 bytes of
+#: Python objects per call (``benchmarks/soak.py``: 25,000 saves grew the process by
+#: 800 MiB). A memo of values that are the same for every caller, not shared state.
+_TEMPLATES: dict[tuple, tuple[dict | None, bool]] = {}
+
+
 class _Specs:
     """Orbax's TensorStore write spec of each array, at a fraction of Orbax's cost.
 
-    ``get_json_tspec_write`` spends ~0.3 ms of Python per call. Its result
-    depends on an array's name and shape only through the key path and the
-    shape fields, so it is called once per dtype and rank, and for every other
-    array of that dtype and rank the template's name and shape are replaced:
-    a copy checked against Orbax's own spec the first time, per dtype and
-    rank (a group whose check fails asks Orbax for each array).
+    ``get_json_tspec_write``'s result depends on an array's name, shape and
+    directory only through the key path, the shape fields and the two file
+    paths, so it is called once per dtype and rank in a process
+    (:data:`_TEMPLATES`), and for every other array of that dtype and rank the
+    template's name, shape and directory are replaced: a copy checked against
+    Orbax's own spec the first time, per dtype and rank (a group whose check
+    fails asks Orbax for each array).
     """
 
     def __init__(self, ocp: Any, directory: Path, context: Any) -> None:
         self._ocp, self._directory, self._context = ocp, directory, context
-        self._templates: dict[tuple, dict | None] = {}
-        self._checked: set[tuple] = set()
 
     def orbax(self, name: str, data: np.ndarray) -> dict:
         """The spec Orbax itself writes ``data`` under ``name`` with."""
@@ -108,26 +117,32 @@ class _Specs:
     def of(self, name: str, data: np.ndarray) -> dict:
         """The spec of ``data`` under ``name``: Orbax's, through a checked template."""
         group = (data.dtype.str, data.dtype.name, data.ndim)
-        if group not in self._templates:
+        known = _TEMPLATES.get(group)
+        if known is None:
             spec = self.orbax(name, data)
-            self._templates[group] = spec
+            _TEMPLATES[group] = (spec, False)
             return spec
-        template = self._templates[group]
+        template, checked = known
         if template is None:
             return self.orbax(name, data)
-        spec = _renamed(template, name, data.shape)
-        if group not in self._checked:
-            self._checked.add(group)
-            if spec != self.orbax(name, data):
-                self._templates[group] = None
+        spec = _renamed(template, name, data.shape, self._directory)
+        if not checked:
+            if spec != json.loads(json.dumps(self.orbax(name, data))):  # tuples as lists
+                _TEMPLATES[group] = (None, True)
                 return self.orbax(name, data)
+            _TEMPLATES[group] = (template, True)
         return spec
 
 
-def _renamed(template: dict, name: str, shape: tuple) -> dict:
-    """``template`` (an Orbax zarr3 write spec) for the array ``name`` of ``shape``."""
+def _renamed(template: dict, name: str, shape: tuple, directory: Path) -> dict:
+    """``template`` (an Orbax zarr3 write spec) for the array ``name`` of ``shape`` in
+    ``directory``."""
     spec = json.loads(json.dumps(template))
-    spec["kvstore"]["path"] = name
+    kvstore = spec["kvstore"]
+    kvstore["path"] = name
+    for part in ("base", "manifest"):
+        if isinstance(kvstore.get(part), dict) and "path" in kvstore[part]:
+            kvstore[part]["path"] = f"{directory}/"
     meta = spec["metadata"]
     meta["shape"] = list(shape)
     meta["chunk_grid"]["configuration"]["chunk_shape"] = list(shape)
