@@ -208,7 +208,10 @@ def test_orbaxs_spec_builder_runs_once_per_dtype_and_rank_in_a_process(tmp_path,
         return real(self, name, data)
 
     monkeypatch.setattr(_orbax_writer._Specs, "orbax", counted)
-    state = {f"p{i}": jnp.full((i + 2, 3), float(i)) for i in range(3)} | {"b": jnp.ones(5), "c": jnp.zeros(7)}
+    state = {f"p{i}": jnp.full((i + 2, 3), float(i)) for i in range(3)} | {
+        "b": jnp.ones(5),
+        "c": jnp.zeros(7),
+    }
     jms.save(state, tmp_path / "first")
     first = list(calls)
     assert sorted(set(first)) == [("float32", 1), ("float32", 2)]

@@ -117,6 +117,38 @@ def test_error_inside_jm_backward_shows_the_closures_line_not_jmodules():
     assert frames[-1] == __file__  # the closure's line
 
 
+def _fails_step():
+    model = nn.Linear(2, 2)
+    opt = jm.optim.SGD(model.parameters(), lr=0.1)
+    model.weight.grad = jnp.ones((3,))  # not the weight's shape
+    opt.step()
+
+
+def _fails_load_state_dict():
+    nn.Linear(2, 2).load_state_dict({"weight": jnp.ones((3, 3)), "bias": jnp.ones(2)})
+
+
+def _fails_save(tmp_path):
+    jm.save({"f": lambda: 0}, tmp_path / "c")
+
+
+def _fails_load(tmp_path):
+    jm.load(tmp_path / "nothing-here")
+
+
+_ENTRY_FAILURES = [_fails_step, _fails_load_state_dict, _fails_save, _fails_load]
+
+
+@pytest.mark.parametrize("fails", _ENTRY_FAILURES, ids=lambda f: f.__name__)
+def test_errors_of_the_other_entry_points_show_the_users_frames_only(fails, tmp_path):
+    args = (tmp_path,) if "tmp_path" in fails.__code__.co_varnames else ()
+    with pytest.raises(Exception) as info:
+        fails(*args)
+    frames = _frames(info.value)
+    assert frames and not any(f.startswith(JMODULE_DIR) for f in frames), frames
+    assert frames[-1] == __file__ or not frames[-1].startswith(JMODULE_DIR)
+
+
 class _Branchy(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -2,7 +2,8 @@
 
 JAX removes its own frames from the tracebacks of errors that pass through
 its API (``jax.jit``, ``jax.vjp``); jmodule does the same for its frames at
-its entry points (a module call, a ``jm.compile``'d call, ``jm.backward``), so
+its entry points (a module call, a ``jm.compile``'d call, ``jm.backward``,
+``Optimizer.step``, ``load_state_dict``, ``jm.save`` and ``jm.load``), so
 that an error shows the user's code and jmodule's message, not up to 17 frames
 of ``jmodule/_lowering``.
 It follows JAX's setting, ``JAX_TRACEBACK_FILTERING`` (``jax.config``):
@@ -20,14 +21,19 @@ error path, never the call path.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
 import types
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 
-__all__ = ["cause", "hide", "user_stacklevel"]
+__all__ = ["cause", "entry", "hide", "user_stacklevel"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _JAX_NOTE = "For simplicity, JAX has removed its internal frames"
@@ -84,6 +90,21 @@ def hide(exc: BaseException) -> None:
     if notes is not None:
         notes[:] = [n for n in notes if _JAX_NOTE not in n and n != _NOTE]
     exc.add_note(_NOTE)
+
+
+def entry(fn: _F) -> _F:
+    """``fn`` as an entry point: an error raised inside shows the user's frames only
+    (``Optimizer.step``, ``load_state_dict``, ``jm.save``, ``jm.load``)."""
+
+    @functools.wraps(fn)
+    def entered(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            hide(e)
+            raise
+
+    return entered  # type: ignore[return-value]
 
 
 def cause(exc: BaseException) -> BaseException | None:

@@ -39,6 +39,7 @@ import optax
 
 from jmodule._lowering import state as _state
 from jmodule._lowering import structure
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule.autograd import step_closure
 from jmodule.nn.parameter import Parameter, as_array
 from jmodule.optim._packed import (
@@ -399,6 +400,7 @@ class Optimizer:
 
     # ------------------------------------------------------------------ step
 
+    @_tracebacks.entry
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that has a ``.grad``; return the closure's loss.
 

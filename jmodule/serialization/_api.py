@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jmodule import _untrusted
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule.serialization import _directory, _errors, _safetensors, _torch_pickle, _torch_writer
 from jmodule.serialization._errors import CorruptCheckpointError
 
@@ -17,6 +18,7 @@ _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 _PICKLE_SUFFIXES = (".pkl", ".pickle")
 
 
+@_tracebacks.entry
 def save(
     obj: Any,
     path: str | os.PathLike,
@@ -156,6 +158,7 @@ def _read_shard(path: Path, verify: bool) -> dict:
     return _safetensors.read_host(path, verify)
 
 
+@_tracebacks.entry
 def load(path: str | os.PathLike, map_location: Any = None, *, verify: bool = True) -> Any:
     """Load what :func:`save` wrote, or a safetensors / PyTorch weight file.
 

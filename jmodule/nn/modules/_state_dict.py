@@ -20,6 +20,7 @@ import numpy as np
 
 from jmodule._device import is_meta
 from jmodule._lowering import state
+from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.errors import DeletedArrayError
 from jmodule.nn.modules._hooks import RemovableHandle
 from jmodule.nn.parameter import Parameter, as_array
@@ -402,6 +403,7 @@ class StateDictMixin:
         else:
             self._buffers[name] = _place_like(value, current)
 
+    @_tracebacks.entry
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
     ) -> IncompatibleKeys:
@@ -434,10 +436,11 @@ class StateDictMixin:
         >>> import numpy as np
         >>> from jmodule import nn
         >>> bn = nn.BatchNorm1d(2)
-        >>> bn.load_state_dict({**bn.state_dict(), "num_batches_tracked": np.array(2**40)})
-        Traceback (most recent call last):
-        ...
-        RuntimeError: Error(s) in loading state_dict for BatchNorm1d:
+        >>> try:
+        ...     bn.load_state_dict({**bn.state_dict(), "num_batches_tracked": np.array(2**40)})
+        ... except RuntimeError as e:
+        ...     print(e)
+        Error(s) in loading state_dict for BatchNorm1d:
             While copying the parameter named "num_batches_tracked", whose dimensions in the
             model are () and whose dimensions in the checkpoint are (), an exception occurred :
             ('the checkpoint holds 1099511627776 (int64), which int32 (jax_enable_x64 is off: no
