@@ -120,6 +120,8 @@ def figures() -> list[str]:
 def render() -> str:
     lines = compare() + figures()
     for path, data in _results():
+        if not data["tables"]:  # checks only (soak.py): in the checks table above
+            continue
         meta = data["meta"]
         load = meta.get("load_average")
         load = (
