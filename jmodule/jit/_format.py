@@ -9,14 +9,23 @@ Layout (all integers little-endian)::
     header digest    32 bytes  sha256 of everything above
     parts            concatenated; each part's offset, length and sha256 are in the header
 
+Part names are plain names: one or more components joined by ``/`` (jm
+writes ``program``, ``state/0``, ``constant/0``, ``extra/0``), each of
+letters, digits, ``_``, ``-`` and ``.``, not starting with ``.``; a name that
+could be read as a path elsewhere (absolute, ``..``, a backslash, a NUL) is
+refused (:func:`plain_part_name`).
+
 Reading checks, in order: the magic, the format version, the header digest,
-the header, the total length, then the sha256 of every part, and only then
-hands anything to a parser. ``jax.export.deserialize`` can abort the process
-on a damaged artifact, so nothing reaches it unverified. Digests guard
-against damage, not against a file rewritten on purpose: only regular files
-are read, the header's JSON may nest at most ``MAX_JSON_DEPTH`` levels (a
-header jm writes is refused at save time if it would nest deeper), and
-``_io.load`` checks the header's structure against the program.
+the header and its part names, the total length, then the sha256 of every
+part, and only then hands anything to a parser. ``jax.export.deserialize``
+can abort the process on a damaged artifact, so nothing reaches it
+unverified. Digests guard against damage, not against a file rewritten on
+purpose: only regular files are read, the header's JSON may nest at most
+``MAX_JSON_DEPTH`` levels (a header jm writes is refused at save time if it
+would nest deeper), ``_io.load`` checks the header's structure against the
+program, and the program part is deserialized, parsed and lowered in a child
+process with a time limit (``_validate.verify_program``) before this process
+deserializes it.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +49,17 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIQ")
 _DIGEST = 32
 _MAX_HEADER = 1 << 30
+_PART_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*")
+_MAX_PART_NAME = 255
+
+
+def plain_part_name(name: object) -> bool:
+    """Whether ``name`` is a part name a program file may hold (see the module docstring)."""
+    return (
+        isinstance(name, str)
+        and len(name) <= _MAX_PART_NAME
+        and _PART_NAME.fullmatch(name) is not None
+    )
 
 
 def encode(meta: Mapping[str, Any], parts: Mapping[str, bytes]) -> bytes:
@@ -113,7 +134,8 @@ def decode(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, memoryvie
 
     Raises:
         ProgramFileError: not a program file, truncated, any checksum fails, or
-            the header is not a well-formed table of parts.
+            the header is not a well-formed table of parts (a part name that is
+            not plain included).
         IncompatibleVersionError: written in a newer format.
     """
     if len(data) < len(MAGIC) or data[: len(MAGIC)] != MAGIC:
@@ -169,6 +191,11 @@ def decode(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, memoryvie
                 and all(type(entry.get(k)) is int and entry[k] >= 0 for k in ("offset", "length"))
             ):
                 raise ValueError(f"bad table entry {str(entry)[:100]}")
+            if not plain_part_name(entry["name"]):
+                raise ValueError(
+                    f"a part is named {entry['name'][:60]!r}, which is not a plain part name "
+                    "(a path, '..', a separator or a NUL)"
+                )
         if len({entry["name"] for entry in table}) != len(table):
             raise ValueError("two parts have the same name")
     except (ValueError, KeyError, TypeError) as e:  # digests passed: a writer bug or a rewrite

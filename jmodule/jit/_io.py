@@ -4,7 +4,9 @@ The program is the forward as ``jax.export`` serializes it (StableHLO, for
 CPU and CUDA, with a symbolic batch dimension when asked), taking the state
 as inputs; the state is stored beside it as raw arrays (written by
 ``_save``, which ``ScriptModule.save`` calls too). Loading verifies
-every checksum and both versions before anything is deserialized, then
+every checksum and both versions before anything is deserialized, has the
+program verified in a child process, one per process and reused
+(``_validate.verify_program``), then
 rebuilds the module tree (``_restored``) so the result is a ScriptModule
 whose ``state_dict()`` has the original's keys.
 """
@@ -139,6 +141,8 @@ def load(
     f: str | os.PathLike | BinaryIO,
     map_location: Any = None,
     _extra_files: dict[str, Any] | None = None,
+    *,
+    verify_timeout: float | None = None,
 ) -> ScriptModule:
     """Load a program saved by :func:`save` as a ScriptModule; no Python class is needed.
 
@@ -148,6 +152,20 @@ def load(
     in training mode keeps updating its buffers (e.g. BatchNorm statistics).
     It cannot change mode or dtype: it has no Python code to retrace.
 
+    A file's digests only catch damage, so before this process reads the
+    program, a child process (``sys.executable``, importing only JAX, on the
+    CPU) deserializes it, parses its StableHLO and lowers it, within
+    ``verify_timeout`` seconds: a program rewritten to hang or crash JAX's
+    reader makes the load raise :class:`ProgramFileError` instead. The child
+    is started by the first load in a process (about a second: it imports
+    JAX) and kept for the next ones, which take it about 10 ms per program
+    not verified before (loads in other threads take turns); the verdict is
+    kept in this process by the program's sha256, so loading a program again
+    costs nothing more. A child that times out or dies is replaced at the
+    next load. The first call of the loaded program for each input
+    signature lowers it again, here, and an error of the program there is a
+    ``ProgramFileError`` too (wrong inputs keep their own errors).
+
     Args:
         f: a path or a binary file object.
         map_location: where to put the state: anything ``Module.to`` accepts
@@ -155,14 +173,23 @@ def load(
         _extra_files: a dict whose keys name extra files to read; their
             contents (bytes) are filled in, as ``torch.jit.load`` does (names
             the file lacks are left as they are).
+        verify_timeout: seconds the verification of the program may take,
+            the child's start included when this is the process's first
+            (default: the environment variable ``JMODULE_JIT_VERIFY_TIMEOUT``,
+            else 60). Only a program not verified before in this process
+            is verified.
 
     Raises:
         ProgramFileError: the file is truncated, corrupted, not a program
-            file, not a regular file (a FIFO, a device), or its header does not
-            describe its program (checked here, with the program's StableHLO
-            parsed, so a rewritten file fails here rather than at its first call).
+            file, not a regular file (a FIFO, a device), names a part that is
+            not a plain name, its header does not describe its program, or its
+            program cannot be deserialized, parsed and lowered (checked here,
+            so a rewritten file fails here rather than at its first call), or
+            could not be verified within ``verify_timeout`` seconds.
         IncompatibleVersionError: written by a newer jmodule, or a jax whose
             program versions this jax cannot read.
+        ValueError: ``verify_timeout`` (or ``JMODULE_JIT_VERIFY_TIMEOUT``) is
+            not a positive number of seconds.
 
     >>> import io, jax.numpy as jnp
     >>> import jmodule as jm
@@ -175,6 +202,7 @@ def load(
     >>> list(bn.state_dict()), int(bn.state_dict()["num_batches_tracked"])
     (['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked'], 1)
     """
+    limit = _validate.verify_timeout(verify_timeout)  # a bad setting fails before any reading
     data, where = _format.read_bytes(f)
     meta, parts = _format.decode(data, where)
     _check_versions(meta, where)
@@ -190,13 +218,12 @@ def load(
         blob = bytes(parts["program"])
     except (KeyError, TypeError, ValueError) as e:
         raise ProgramFileError(f"{where} has an inconsistent table of contents ({e}).") from None
+    # Deserialized, parsed and lowered in a child process first: only then in this one.
+    _validate.verify_program(blob, meta, where, limit)
     try:
         exported = jax.export.deserialize(bytearray(blob))
-    except Exception as e:  # checksums passed, so a jax that cannot read this jax's output
-        raise IncompatibleVersionError(
-            f"{where}: this jax ({jax.__version__}) cannot deserialize the program written "
-            f"with jax {meta.get('jax_version', '?')}: {e}"
-        ) from e
+    except Exception as e:  # the child deserialized it: not expected
+        raise ProgramFileError(f"{where}: its program cannot be deserialized ({e}).") from e
     _validate.check_program(meta, exported, where)
     # device_put is a plain transfer (jnp.asarray would compile a conversion per shape).
     arrays = {name: jax.device_put(np.array(value)) for name, value in state.items()}
@@ -206,7 +233,7 @@ def load(
         unknown = [n for n in meta["state"][:-1] if n not in slots]
         if unknown:
             raise ValueError(f"the program reads {unknown[:4]}, which the tree does not hold")
-        program = LoadedProgram(exported, meta)
+        program = LoadedProgram(exported, meta, where)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ProgramFileError(f"{where} describes an inconsistent module tree ({e}).") from None
     root.__dict__["_jm_program"] = program

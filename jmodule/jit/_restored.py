@@ -7,6 +7,15 @@ the tree from :class:`RestoredModule` objects, so ``state_dict()``,
 and the root's ``forward`` calls the deserialized ``jax.export`` program
 (:class:`LoadedProgram`) with the tree's current state, writing back the
 buffers the program updates.
+
+The program comes from a file that may have been rewritten (its digests
+recomputed). ``jm.jit.load`` has had it deserialized, parsed and lowered in a
+child process for its saved shapes; the first call for each input signature
+lowers it once more, alone, here, for the inputs given, so that a program that
+cannot be lowered (``Cannot lower jaxpr with verifier errors``, a name MLIR
+cannot read) raises :class:`ProgramFileError` naming the file, chained to
+JAX's error, rather than that error from inside the caller's compilation.
+Inputs that do not fit the saved signature keep JAX's own errors.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from jmodule._lowering import state, structure
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 from jmodule._lowering.state import slot_value as _slot_value
 from jmodule.jit import _spec
-from jmodule.jit._errors import JitError
+from jmodule.jit._errors import JitError, ProgramFileError
 from jmodule.nn.modules.module import Module
 from jmodule.nn.parameter import Parameter
 
@@ -216,14 +225,18 @@ class LoadedProgram:
     Attributes:
         exported: the program.
         meta: the program's description from the file (state names, trees, modes).
+        where: the file, for messages.
     """
 
-    def __init__(self, exported: Any, meta: dict[str, Any]):
+    def __init__(self, exported: Any, meta: dict[str, Any], where: str = "the loaded program"):
         self.exported = exported
         self.meta = meta
+        self.where = where
         self.names: list[str] = meta["state"]
         self.changed: list[str] = meta["changed"]
         self.modes: dict[str, bool] = meta["modes"]
+        # Input signatures (shapes and dtypes of state and inputs) the program lowered for.
+        self._lowered: set[tuple] = set()
 
     def _slots(self, root: Module) -> list[tuple[dict, str]]:
         desc = structure.describe(root)
@@ -293,9 +306,45 @@ class LoadedProgram:
         _spec.match(args_spec, tuple(args), "the positional arguments", leaves)
         _spec.match(kwargs_spec, dict(kwargs), "the keyword arguments", leaves)
         self._check_batch(leaves)
-        out_leaves, new = self.exported.call(state, leaves)
+        out_leaves, new = self._call(state, leaves)
         by_name = dict(zip(self.names, slots))
         for name, value in zip(self.changed, new):
             c, k = by_name[name]
             c[k] = value
         return _spec.build(self.meta["output"], iter(out_leaves))
+
+    def _fits(self, values: Sequence[Any]) -> bool:
+        """Whether ``values`` have the saved dtypes, ranks and fixed dimensions."""
+        if len(values) != len(self.exported.in_avals):
+            return False
+        for value, aval in zip(values, self.exported.in_avals):
+            if value.dtype != aval.dtype or len(value.shape) != len(aval.shape):
+                return False
+            if any(type(d) is int and d != v for d, v in zip(aval.shape, value.shape)):
+                return False
+        return True
+
+    def _call(self, state: list[Any], leaves: list[Any]) -> Any:
+        """``exported.call(state, leaves)``, lowered alone first for each new input signature.
+
+        Raises:
+            ProgramFileError: the program cannot be traced or lowered for inputs
+                that fit its saved signature.
+        """
+        values = [*state, *leaves]
+        key = tuple((tuple(v.shape), str(v.dtype)) for v in values)
+        if key not in self._lowered:
+            specs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values]
+            call = jax.jit(self.exported.call)
+            try:
+                call.trace(specs[: len(state)], specs[len(state) :]).lower()
+            except Exception as e:
+                if not self._fits(values):
+                    raise  # wrong inputs: JAX's message says which
+                raise ProgramFileError(
+                    f"{self.where}: its program cannot be compiled, for inputs of the shapes it "
+                    f"was saved for ({type(e).__name__}: {str(e)[:300]}). It was rewritten or "
+                    "damaged; save the program again with jm.jit.save."
+                ) from e
+            self._lowered.add(key)
+        return self.exported.call(state, leaves)
