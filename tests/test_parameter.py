@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch_ref import JM, SIDES, TORCH, canon, dtype_name, outcome, outcomes, to_numpy
 
+import jmodule as jm
 from jmodule import nn
 
 P = np.array([[1.5, -2.0, 3.0], [0.5, 4.0, -1.0]], dtype=np.float32)
@@ -250,8 +251,18 @@ def test_parameters_hash_by_identity_like_torch():
 def test_assigning_an_array_to_a_parameter_attribute_is_an_error():
     m = nn.Linear(2, 2)
     with pytest.raises(TypeError, match=r"cannot assign 'jax\.Array' as parameter 'weight'"):
-        m.weight += 1  # computes a new array; parameters are replaced via .data
-    m.weight.data = m.weight.data + 1  # the supported in-place update
+        m.weight = m.weight + 1  # a new array; parameters are replaced via .data
+    m.weight.data = m.weight.data + 1  # the supported update
+
+
+def test_augmented_assignment_updates_the_parameter_in_place_as_torch():
+    m = nn.Linear(2, 2)
+    w = m.weight
+    before = np.asarray(w).copy()
+    with jm.no_grad():
+        m.weight += 1  # torch.no_grad(): the same tensor, changed in place
+    assert m.weight is w
+    np.testing.assert_allclose(np.asarray(m.weight), before + 1)
 
 
 # ------------------------------------------------------------------ copying

@@ -244,7 +244,36 @@ INPLACE = [
     ("copy_ int into float", lambda p, ar: p.copy_(ar(np.arange(4, dtype=np.int32)))),
     ("copy_ bad", lambda p, ar: p.copy_(ar(np.ones((3,), np.float32)))),
     ("copy_ too many dims", lambda p, ar: p.copy_(ar(np.ones((5, 2, 3, 4), np.float32)))),
+    ("add_", lambda p, ar: p.add_(ar(np.arange(4, dtype=np.float32)))),
+    ("add_ alpha", lambda p, ar: p.add_(ar(np.full((2, 3, 4), 2, np.float32)), alpha=-0.5)),
+    ("sub_", lambda p, ar: p.sub_(1.5)),
+    ("sub_ alpha", lambda p, ar: p.sub_(ar(np.ones((3, 4), np.float32)), alpha=3)),
+    ("mul_", lambda p, ar: p.mul_(ar(np.float32(-2.0)))),
+    ("div_", lambda p, ar: p.div_(4.0)),
+    ("div_ trunc", lambda p, ar: p.div_(0.3, rounding_mode="trunc")),
+    ("div_ floor", lambda p, ar: p.div_(0.3, rounding_mode="floor")),
+    ("div_ bad mode", lambda p, ar: p.div_(0.3, rounding_mode="round")),
+    ("clamp_", lambda p, ar: p.clamp_(-0.2, 0.3)),
+    ("clamp_ min", lambda p, ar: p.clamp_(min=0.0)),
+    ("clamp_ neither", lambda p, ar: p.clamp_()),
+    ("add_ wider", lambda p, ar: p.add_(ar(np.ones((5, 2, 3, 4), np.float32)))),
+    ("-= (manual SGD)", lambda p, ar: _augmented(p, "-=", ar(np.full((2, 3, 4), 0.1, np.float32)))),
+    ("+=", lambda p, ar: _augmented(p, "+=", 2.0)),
+    ("*=", lambda p, ar: _augmented(p, "*=", ar(np.arange(4, dtype=np.float32)))),
+    ("/=", lambda p, ar: _augmented(p, "/=", 8.0)),
 ]
+
+
+def _augmented(p, op, other):
+    if op == "-=":
+        p -= other
+    elif op == "+=":
+        p += other
+    elif op == "*=":
+        p *= other
+    else:
+        p /= other
+    return p
 
 
 def _torch_ar(x):
@@ -288,6 +317,61 @@ def test_in_place_methods_inside_jm_compile_are_written_back():
     assert float(reset(lin)) == pytest.approx(12.0)
     np.testing.assert_allclose(np.asarray(lin.weight), 2.0)
     np.testing.assert_allclose(np.asarray(lin.bias), 0.0)
+
+
+def test_manual_sgd_with_augmented_assignment_matches_torch_eager_and_compiled():
+    # The tutorial loop: p -= lr * p.grad under no_grad, eagerly and inside jm.compile.
+    torch.manual_seed(0)
+    tm = torch.nn.Linear(3, 2).double()
+    with jax.enable_x64(True):
+        for compiled in (False, True):
+            m = nn.Linear(3, 2).double()
+            m.load_state_dict({k: v.numpy() for k, v in tm.state_dict().items()})
+            tmc = torch.nn.Linear(3, 2).double()
+            tmc.load_state_dict(tm.state_dict())
+            xs = np.linspace(-1, 1, 12).reshape(4, 3)
+
+            def step(model, x):
+                model.zero_grad()
+                jm.backward(lambda: (model(x) ** 2).sum())
+                with jm.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad
+
+            run = jm.compile(step) if compiled else step
+            for _ in range(5):
+                run(m, jnp.asarray(xs))
+                tmc.zero_grad()
+                (tmc(torch.from_numpy(xs)) ** 2).sum().backward()
+                with torch.no_grad():
+                    for p in tmc.parameters():
+                        p -= 0.1 * p.grad
+            for k, v in tmc.state_dict().items():
+                np.testing.assert_allclose(
+                    np.asarray(m.state_dict()[k]), v.numpy(), rtol=1e-12, err_msg=k
+                )
+
+
+def test_in_place_arithmetic_inside_jm_backward_raises_as_torch_grad_mode():
+    tp, jp = _pair()
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        tp.sub_(1.0)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        jm.backward(lambda: jp.sub_(1.0).sum())
+    np.testing.assert_allclose(np.asarray(jp), VALUES)  # unchanged
+
+
+def test_in_place_float_arithmetic_on_an_integer_buffer_raises_as_torch():
+    t = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(RuntimeError) as t_err:
+        t.add_(0.5)
+    b = nn.Buffer(jnp.zeros(3, jnp.int32))
+    with pytest.raises(RuntimeError) as j_err:
+        b.add_(0.5)
+    assert str(j_err.value) == str(t_err.value)
+    b.add_(2)
+    np.testing.assert_array_equal(np.asarray(b), [2, 2, 2])
+    assert b.dtype == jnp.int32
 
 
 def test_in_place_inside_jm_backward_raises_as_torch_grad_mode():

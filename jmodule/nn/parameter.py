@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -395,6 +396,97 @@ class _TensorMethods(Cell):
         b = bounds.get("to", b)
         self._store(state.peek(self))
         return init.uniform_(self, a, b, generator=generator)
+
+    # In-place arithmetic (``p -= lr * p.grad`` in a manual SGD loop, ``p.add_(...)``):
+    # the parameter's value is replaced, eagerly and inside compiled code, as PyTorch
+    # changes the tensor in place; the result keeps the parameter's shape and dtype.
+
+    def _update(self, compute: Callable[[Any], Any]) -> _TensorMethods:
+        old = state.peek(self)
+        if isinstance(old, jax.ShapeDtypeStruct):
+            return self  # meta: no data to change
+        new = jnp.asarray(compute(old))
+        shape = tuple(old.shape)
+        if tuple(new.shape) != shape:
+            raise RuntimeError(
+                f"output with shape {list(shape)} doesn't match the broadcast shape "
+                f"{list(new.shape)}"
+            )
+        if not _differentiable(old.dtype) and _differentiable(new.dtype):
+            raise RuntimeError(
+                f"result type {_torch_dtype(new.dtype)} can't be cast to the desired output "
+                f"type {_torch_dtype(old.dtype)}"
+            )
+        return self._store(self._placed(new.astype(old.dtype), old))
+
+    def add_(self, other: Any, *, alpha: Any = 1) -> _TensorMethods:
+        """``self += alpha * other`` in place (PyTorch's ``Tensor.add_``)."""
+        o = _arg(other)
+        return self._update(lambda v: v + (o if alpha == 1 else alpha * o))
+
+    def sub_(self, other: Any, *, alpha: Any = 1) -> _TensorMethods:
+        """``self -= alpha * other`` in place (PyTorch's ``Tensor.sub_``)."""
+        o = _arg(other)
+        return self._update(lambda v: v - (o if alpha == 1 else alpha * o))
+
+    def mul_(self, other: Any) -> _TensorMethods:
+        """``self *= other`` in place."""
+        o = _arg(other)
+        return self._update(lambda v: v * o)
+
+    def div_(self, other: Any, *, rounding_mode: str | None = None) -> _TensorMethods:
+        """``self /= other`` in place; ``rounding_mode`` ``"trunc"`` or ``"floor"`` as torch."""
+        o = _arg(other)
+        if rounding_mode is None:
+            return self._update(lambda v: v / o)
+        if rounding_mode == "trunc":
+            return self._update(lambda v: jnp.trunc(v / o))
+        if rounding_mode == "floor":
+            return self._update(lambda v: jnp.floor_divide(v, o))
+        raise RuntimeError(
+            "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+            f"'{rounding_mode}'"
+        )
+
+    def clamp_(self, min: Any = None, max: Any = None) -> _TensorMethods:
+        """Clamp every element into ``[min, max]`` in place."""
+        if min is None and max is None:
+            raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+        lo, hi = _arg(min), _arg(max)
+        return self._update(lambda v: jnp.clip(v, lo, hi))
+
+    clip_ = clamp_
+
+    def __iadd__(self, other: Any) -> _TensorMethods:
+        return self.add_(other)
+
+    def __isub__(self, other: Any) -> _TensorMethods:
+        return self.sub_(other)
+
+    def __imul__(self, other: Any) -> _TensorMethods:
+        return self.mul_(other)
+
+    def __itruediv__(self, other: Any) -> _TensorMethods:
+        return self.div_(other)
+
+
+_TORCH_DTYPE_NAMES = {
+    "float32": "Float",
+    "float64": "Double",
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "int64": "Long",
+    "int32": "Int",
+    "int16": "Short",
+    "int8": "Char",
+    "uint8": "Byte",
+    "bool": "Bool",
+}
+
+
+def _torch_dtype(dtype: Any) -> str:
+    name = jnp.dtype(dtype).name
+    return _TORCH_DTYPE_NAMES.get(name, name)
 
 
 #: ``torch.Tensor`` methods whose NumPy namesake on ``jax.Array`` means something
