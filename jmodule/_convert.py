@@ -24,3 +24,26 @@ def _torch_int16(t: Any) -> Any:
     import torch  # only reached when a torch tensor was given
 
     return torch.int16
+
+
+#: PyTorch's scalar-type names (``torch.float32`` prints as ``Float`` in its errors).
+_TORCH_SCALAR_NAMES = {
+    "float32": "Float",
+    "float64": "Double",
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "int64": "Long",
+    "int32": "Int",
+    "int16": "Short",
+    "int8": "Char",
+    "uint8": "Byte",
+    "bool": "Bool",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+}
+
+
+def torch_scalar_name(dtype: Any) -> str:
+    """The name PyTorch's error messages give ``dtype`` (``Float``, ``Long``, ...)."""
+    name = np.dtype(dtype).name
+    return _TORCH_SCALAR_NAMES.get(name, name)

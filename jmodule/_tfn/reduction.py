@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._convert import torch_scalar_name
 from jmodule._tfn._common import (
     arr,
     canon_dims,
@@ -129,21 +130,9 @@ def _float_only(name: str, x: jax.Array, dtype: Any) -> jax.Array:
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise RuntimeError(
             f"{name}(): could not infer output dtype. Input dtype must be either a floating "
-            f"point or complex dtype. Got: {_torch_name(x.dtype)}"
+            f"point or complex dtype. Got: {torch_scalar_name(x.dtype)}"
         )
     return x
-
-
-def _torch_name(dt: Any) -> str:
-    names = {
-        "int64": "Long",
-        "int32": "Int",
-        "int16": "Short",
-        "int8": "Char",
-        "uint8": "Byte",
-        "bool": "Bool",
-    }
-    return names.get(jnp.dtype(dt).name, jnp.dtype(dt).name)
 
 
 def mean(
@@ -519,7 +508,7 @@ def _softmax_input(name: str, input: Any, dtype: Any) -> tuple[jax.Array, Any]:
     x = compute_dtype(arr(input), dtype)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise NotImplementedError(
-            f"\"{name}_lastdim_kernel_impl\" not implemented for '{_torch_name(x.dtype)}'"
+            f"\"{name}_lastdim_kernel_impl\" not implemented for '{torch_scalar_name(x.dtype)}'"
         )
     # Half inputs are computed in float32 and rounded once, as PyTorch's kernels do.
     return x.astype(jnp.promote_types(x.dtype, jnp.float32)), x.dtype
@@ -570,7 +559,7 @@ def norm(
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise RuntimeError(
             "linalg.vector_norm: Expected a floating point or complex tensor as input. Got "
-            f"{_torch_name(x.dtype)}"
+            f"{torch_scalar_name(x.dtype)}"
         )
     axes = canon_dims(dim, x.ndim)
     if p == "fro":

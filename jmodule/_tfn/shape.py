@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._convert import torch_scalar_name
 from jmodule._tfn._common import arr, as_int, canon_dims, long_dtype, norm_dim
 
 __all__ = [
@@ -844,7 +845,7 @@ def view_as_complex(input: Any) -> jax.Array:
     if x.dtype not in (jnp.float32, jnp.float64):
         raise RuntimeError(
             "view_as_complex is only supported for float and double tensors, but got a tensor "
-            f"of scalar type: {_torch_name(x.dtype)}"
+            f"of scalar type: {torch_scalar_name(x.dtype)}"
         )
     return jax.lax.complex(x[..., 0], x[..., 1])
 
@@ -858,23 +859,9 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:
     if c.dtype != jnp.bool_:
         raise RuntimeError(
             "where expected condition to be a boolean tensor, but got a tensor with dtype "
-            f"{_torch_name(c.dtype)}"
+            f"{torch_scalar_name(c.dtype)}"
         )
     return jnp.where(c, arr(input), arr(other))
-
-
-def _torch_name(dt: Any) -> str:
-    return {
-        "float32": "Float",
-        "int32": "Int",
-        "int64": "Long",
-        "float64": "Double",
-        "float16": "Half",
-        "bfloat16": "BFloat16",
-        "uint8": "Byte",
-        "int8": "Char",
-        "int16": "Short",
-    }.get(jnp.dtype(dt).name, jnp.dtype(dt).name)
 
 
 def diag(input: Any, diagonal: int = 0) -> jax.Array:

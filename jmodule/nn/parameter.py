@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._convert import torch_scalar_name
 from jmodule._lowering import state
 from jmodule._lowering.state import META_HELP as META_HELP
 from jmodule._lowering.state import Cell, as_array
@@ -414,8 +415,8 @@ class _TensorMethods(Cell):
             )
         if not _differentiable(old.dtype) and _differentiable(new.dtype):
             raise RuntimeError(
-                f"result type {_torch_dtype(new.dtype)} can't be cast to the desired output "
-                f"type {_torch_dtype(old.dtype)}"
+                f"result type {torch_scalar_name(new.dtype)} can't be cast to the desired output "
+                f"type {torch_scalar_name(old.dtype)}"
             )
         return self._store(self._placed(new.astype(old.dtype), old))
 
@@ -468,25 +469,6 @@ class _TensorMethods(Cell):
 
     def __itruediv__(self, other: Any) -> _TensorMethods:
         return self.div_(other)
-
-
-_TORCH_DTYPE_NAMES = {
-    "float32": "Float",
-    "float64": "Double",
-    "float16": "Half",
-    "bfloat16": "BFloat16",
-    "int64": "Long",
-    "int32": "Int",
-    "int16": "Short",
-    "int8": "Char",
-    "uint8": "Byte",
-    "bool": "Bool",
-}
-
-
-def _torch_dtype(dtype: Any) -> str:
-    name = jnp.dtype(dtype).name
-    return _TORCH_DTYPE_NAMES.get(name, name)
 
 
 #: ``torch.Tensor`` methods whose NumPy namesake on ``jax.Array`` means something

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._convert import torch_scalar_name
 from jmodule.nn.functional._utils import autocast_op, check_float, jit, shape_str
 from jmodule.nn.parameter import as_array
 
@@ -26,12 +27,6 @@ _DEFAULT_WARNING = (
     "documentation of grid_sample for details."
 )
 _CUBIC_A = -0.75
-_TORCH_NAMES = {
-    jnp.dtype(jnp.float16): "Half",
-    jnp.dtype(jnp.bfloat16): "BFloat16",
-    jnp.dtype(jnp.float32): "Float",
-    jnp.dtype(jnp.float64): "Double",
-}
 
 # ----------------------------------------------------------------------------- affine_grid
 
@@ -279,7 +274,7 @@ def grid_sample(
     if x.dtype != g.dtype:
         raise RuntimeError(
             "grid_sampler(): expected input and grid to have same dtype: expected scalar type "
-            f"{_TORCH_NAMES.get(x.dtype, x.dtype)} but found {_TORCH_NAMES.get(g.dtype, g.dtype)}"
+            f"{torch_scalar_name(x.dtype)} but found {torch_scalar_name(g.dtype)}"
         )
     sizes = f"input with sizes {shape_str(x.shape)} and grid with sizes {shape_str(g.shape)}"
     if x.shape[0] != g.shape[0]:
