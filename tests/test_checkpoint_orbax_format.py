@@ -165,6 +165,20 @@ def test_a_failing_write_leaves_nothing_and_raises(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def _assert_as_orbax_writes_it(tmp_path, saved, state: dict) -> None:
+    """Every array spec of ``saved`` equals Orbax's own for ``state``, and it loads back."""
+    theirs = _orbax_dir(tmp_path, _stored_as_jm_names(state))
+    kv_mine, kv_theirs = _kvstore(saved / "arrays"), _kvstore(theirs)
+    for i in range(len(state)):
+        key = f"a{i}/zarr.json"
+        assert json.loads(kv_mine.read(key).result().value) == json.loads(
+            kv_theirs.read(key).result().value
+        )
+    back = jms.load(saved)
+    for key, x in state.items():
+        np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))
+
+
 def test_a_spec_template_that_disagrees_with_orbax_is_not_used(tmp_path, monkeypatch):
     # The writer checks its first derived spec per dtype and rank against Orbax's own;
     # were the derivation wrong (a future Orbax), each array gets Orbax's spec.
@@ -181,16 +195,7 @@ def test_a_spec_template_that_disagrees_with_orbax_is_not_used(tmp_path, monkeyp
     monkeypatch.setattr(_orbax_writer, "_TEMPLATES", {})  # checked again in this process
     state = {f"p{i}": jnp.full((i + 2, 3), float(i)) for i in range(4)}
     jms.save(state, tmp_path / "jm")
-    theirs = _orbax_dir(tmp_path, _stored_as_jm_names(state))
-    kv_mine, kv_theirs = _kvstore(tmp_path / "jm" / "arrays"), _kvstore(theirs)
-    for i in range(4):
-        key = f"a{i}/zarr.json"
-        assert json.loads(kv_mine.read(key).result().value) == json.loads(
-            kv_theirs.read(key).result().value
-        )
-    back = jms.load(tmp_path / "jm")
-    for key, x in state.items():
-        np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))
+    _assert_as_orbax_writes_it(tmp_path, tmp_path / "jm", state)
 
 
 def test_orbaxs_spec_builder_runs_once_per_dtype_and_rank_in_a_process(tmp_path, monkeypatch):
@@ -218,16 +223,7 @@ def test_orbaxs_spec_builder_runs_once_per_dtype_and_rank_in_a_process(tmp_path,
     for n in range(3):
         jms.save(state, tmp_path / f"again{n}")
     assert calls == first  # no call for later saves, into other directories
-    theirs = _orbax_dir(tmp_path, _stored_as_jm_names(state))
-    kv_mine, kv_theirs = _kvstore(tmp_path / "again2" / "arrays"), _kvstore(theirs)
-    for i in range(len(state)):
-        key = f"a{i}/zarr.json"
-        assert json.loads(kv_mine.read(key).result().value) == json.loads(
-            kv_theirs.read(key).result().value
-        )
-    back = jms.load(tmp_path / "again2")
-    for key, x in state.items():
-        np.testing.assert_array_equal(np.asarray(back[key]), np.asarray(x))
+    _assert_as_orbax_writes_it(tmp_path, tmp_path / "again2", state)
 
 
 def test_numpy_arrays_of_ml_dtypes_round_trip(tmp_path):
