@@ -27,6 +27,8 @@ from jmodule._compilation_cache import set_compilation_cache as set_compilation_
 from jmodule._device import DeviceError as DeviceError
 from jmodule._device import DtypeError as DtypeError
 from jmodule._device import bfloat16 as bfloat16
+from jmodule._device import cdouble as cdouble
+from jmodule._device import cfloat as cfloat
 from jmodule._device import channels_last as channels_last
 from jmodule._device import channels_last_3d as channels_last_3d
 from jmodule._device import complex64 as complex64
@@ -47,6 +49,7 @@ from jmodule._device import is_meta as is_meta
 from jmodule._device import long as long
 from jmodule._device import preserve_format as preserve_format
 from jmodule._device import set_default_dtype as set_default_dtype
+from jmodule._device import short as short
 from jmodule._device import uint8 as uint8
 from jmodule._lowering import compiled as _compiled
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
@@ -54,6 +57,8 @@ from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile_stats as compile_stats
 from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
 from jmodule._lowering.program import DonatedHeldWarning as DonatedHeldWarning
+from jmodule._tensor import Size as Size
+from jmodule._tensor import Tensor as Tensor
 from jmodule._tfn import *  # noqa: F403  (the torch.* functions; list in jmodule/_tfn)
 from jmodule._tfn import BUILTIN_NAMED as _TORCH_BUILTIN_NAMED
 from jmodule._version import __version__ as __version__
@@ -77,13 +82,16 @@ from jmodule.summary import summary as summary
 
 _compilation_cache.configure_default()
 
-# Public names that are also Python builtins: ``jm.bool`` (``torch.bool``),
+# Public names that are also Python builtins: ``jm.bool``, ``jm.float``, ``jm.int``
+# (``torch.bool``, ``torch.float`` = float32, ``torch.int`` = int32),
 # ``jm.compile`` (``torch.compile``) and the torch functions ``jm.sum``, ``jm.max``,
 # ``jm.min``, ``jm.abs``, ``jm.pow``, ``jm.round``, ``jm.all``, ``jm.any``.
 # ``__getattr__`` serves them, so that no module of the package, this one
 # included, rebinds a builtin.
 _BUILTIN_NAMED = {
     "bool": _device.bool_,
+    "float": _device.float_,
+    "int": _device.int_,
     "compile": _compiled.compile_function,
     **_TORCH_BUILTIN_NAMED,
 }

@@ -27,6 +27,8 @@ __all__ = [
     "bfloat16",
     "bool_",
     "canonical_dtype",
+    "cdouble",
+    "cfloat",
     "channels_last",
     "channels_last_3d",
     "check_memory_format",
@@ -39,12 +41,14 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "float_",
     "get_default_dtype",
     "half",
     "int8",
     "int16",
     "int32",
     "int64",
+    "int_",
     "is_memory_format",
     "is_meta",
     "long",
@@ -52,6 +56,7 @@ __all__ = [
     "preserve_format",
     "resolve",
     "set_default_dtype",
+    "short",
     "uint8",
 ]
 
@@ -60,13 +65,17 @@ float16 = half = jnp.float16
 bfloat16 = jnp.bfloat16
 float64 = double = jnp.float64
 int8 = jnp.int8
-int16 = jnp.int16
+int16 = short = jnp.int16
 int32 = jnp.int32
 int64 = long = jnp.int64
 uint8 = jnp.uint8
 bool_ = jnp.bool_  # ``jm.bool``; named as numpy does so that this module keeps the builtin
-complex64 = jnp.complex64
-complex128 = jnp.complex128
+# ``jm.float`` and ``jm.int`` (``torch.float``, ``torch.int``: float32 and int32, whatever
+# the default dtype), named with an underscore for the same reason.
+float_ = jnp.float32
+int_ = jnp.int32
+complex64 = cfloat = jnp.complex64
+complex128 = cdouble = jnp.complex128
 
 
 class DeviceError(RuntimeError):
@@ -229,6 +238,23 @@ def default_device() -> jax.Device | device | None:
     """The device set by the innermost ``with jm.device(...)`` block, if any."""
     stack = _default_stack()
     return stack[-1] if stack else None
+
+
+def out_dtype(dtype: Any, *, what: str = "the result") -> Any:
+    """A requested ``dtype=`` as the dtype JAX will use.
+
+    64-bit integers become 32-bit ones when JAX's x64 mode is off (section 2
+    of the contract: PyTorch's int64 results are int32 here); float64 and
+    complex128 without x64 raise ``jm.DtypeError`` saying how to turn it on.
+    """
+    if dtype is None:
+        return None
+    if type(dtype).__module__ == "torch":  # a torch.dtype, for convenience
+        dtype = str(dtype).replace("torch.", "")
+    dt = jnp.dtype(dtype)
+    if dt.kind in "iu":
+        return jax.dtypes.canonicalize_dtype(dt)
+    return canonical_dtype(dt, what=what)
 
 
 def is_meta(x: Any) -> bool:

@@ -62,6 +62,7 @@ def backward(
     closure: Callable[[], Any],
     inputs: Any = None,
     *,
+    has_aux: bool = False,
     retain_graph: bool | None = None,
     create_graph: bool = False,
 ) -> Any:
@@ -78,11 +79,19 @@ def backward(
         closure: a function of no arguments returning a scalar loss.
         inputs: modules and/or Parameters: accumulate only into these (as
             ``loss.backward(inputs=...)``).
+        has_aux: the closure returns ``(loss, aux)``: values computed with the
+            loss that the caller needs (an RNN's ``hidden``, the logits), as
+            ``jax.value_and_grad(has_aux=True)``. ``aux`` comes back as the
+            values (concrete eagerly; inside ``jm.compile``, values of the
+            program), not differentiated. A value the closure assigns to a
+            variable outside it is usable after an eager ``jm.backward``; inside
+            ``jm.compile`` it belongs to the finished gradient and cannot be used
+            (the error says to return it as ``aux``).
         retain_graph: accepted for PyTorch compatibility (JAX keeps no graph).
         create_graph: not supported; use ``jm.grad`` for higher derivatives.
 
     Returns:
-        The loss.
+        The loss; with ``has_aux``, ``(loss, aux)``.
 
     Raises:
         RuntimeError: the loss is not a scalar.
@@ -93,6 +102,12 @@ def backward(
     >>> loss = jm.backward(lambda: model(jnp.ones((4, 3))).sum())
     >>> model.weight.grad
     Array([[4., 4., 4.]], dtype=float32)
+    >>> def closure():
+    ...     out = model(jnp.ones((2, 3)))
+    ...     return out.sum(), out  # the loss, and what the caller keeps
+    >>> loss, out = jm.backward(closure, has_aux=True)
+    >>> out.shape
+    (2, 1)
     """
     del retain_graph
     if create_graph:
@@ -103,14 +118,33 @@ def backward(
     _recorder.note_backward()
     only = None if inputs is None else _targets(inputs)
     try:
-        loss, _, rec, grads = _recorder.differentiate(
-            lambda _: closure(), only=only, caller="backward"
+        loss, aux, rec, grads = _recorder.differentiate(
+            lambda _: _checked(closure(), has_aux), only=only, has_aux=has_aux, caller="backward"
         )
         _accumulate(rec, grads, zeroed=frozenset())
     except Exception as e:  # the closure's line and the message first, not jmodule's frames
         _tracebacks.hide(e)
         raise
-    return loss
+    return (loss, aux) if has_aux else loss
+
+
+def _checked(out: Any, has_aux: bool) -> Any:
+    """The closure's result, checked for the shape ``has_aux`` says it has."""
+    if has_aux:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(
+                "jm.backward(fn, has_aux=True): fn must return a pair (loss, aux); it returned "
+                f"{type(out).__name__}"
+            )
+        return tuple(out)
+    if isinstance(out, (tuple, list)):
+        raise RuntimeError(
+            f"jm.backward: the closure returned a {type(out).__name__} of {len(out)}, not a "
+            "scalar loss. To hand values back with the loss (an RNN's hidden state, the "
+            "logits), return (loss, aux) and call jm.backward(fn, has_aux=True), which "
+            "returns (loss, aux)."
+        )
+    return out
 
 
 def _accumulate(rec: _recorder.Recorder, grads: dict[int, Any] | None, zeroed: Any) -> None:

@@ -191,4 +191,6 @@ def test_exported():
     # tests/test_docstrings.py runs the module's docstring examples.
     import jmodule.nn.functional._grid as module
 
-    assert F.affine_grid is module.affine_grid and F.grid_sample is module.grid_sample
+    # exported as the jm.Tensor-preserving wrappers of these functions (jmodule/_tensor.py)
+    assert F.affine_grid.__wrapped__ is module.affine_grid
+    assert F.grid_sample.__wrapped__ is module.grid_sample

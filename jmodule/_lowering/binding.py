@@ -137,21 +137,51 @@ LEAK_HELP = (
 )
 
 
+NEW_BUFFER_HELP = (
+    "Buffer '{name}' of {cls} was first registered inside a compiled call (model.compile(), "
+    "jm.compile) with a traced value: a compiled program carries the buffers the module had "
+    "when the call began. Register it in __init__, as None if its value is only known in "
+    "forward (self.register_buffer('{name}', None)): forward can then set it (self.{name} = "
+    "... or register_buffer again), the program traces once more and the buffer keeps the "
+    "value. The module was left unchanged."
+)
+
+
+def _new_buffer(snapshots: Sequence[Snapshot], allowed: set[int]) -> str | None:
+    """The error for a buffer a trace registered with a tracer under a new name, if any."""
+    for snap in snapshots:
+        buffers = snap.module.__dict__["_buffers"]
+        if state.is_bound(buffers):
+            continue  # an enclosing trace's to check
+        for name, b in buffers.items():
+            if name not in snap.buffers and _new_tracer(b, allowed):
+                return NEW_BUFFER_HELP.format(name=name, cls=type(snap.module).__name__)
+    return None
+
+
 def check_and_restore(
     snapshots: Sequence[Snapshot],
     named_modules: Sequence[tuple[str | None, Any]],
     ok: bool,
     allowed: set[int],
+    compiled: bool = False,
 ) -> None:
-    """After a trace: restore the modules when it failed or left a stray tracer (then raise)."""
+    """After a trace: restore the modules when it failed or left a stray tracer (then raise).
+
+    ``compiled``: the trace is a compiled program's (``program.Program``), whose
+    error for a buffer first registered in it says how to declare it instead.
+    """
     leak = None
     if ok:
         for snap in snapshots:
             snap.known(allowed)
         leak = find_leak(named_modules, allowed)
     if not ok or leak:
+        new_buffer = _new_buffer(snapshots, allowed) if leak and compiled else None
         for snap in snapshots:
             snap.restore()
+        if new_buffer:
+            raise TracerLeakError(new_buffer)
     if leak:
         raise TracerLeakError(LEAK_HELP.format(what=leak))
 
@@ -161,13 +191,15 @@ def bound(
     slots: Sequence[Slot],
     values: Sequence[Any],
     named_modules: Sequence[tuple[str, Any]] = (),
+    compiled: bool = False,
 ) -> Iterator[None]:
     """Put ``values`` into ``slots`` for the duration of the block.
 
     On exit the slots get their old values back. When the block raises, the
     listed modules are restored to their state before the block. When it
     succeeds but left a traced value anywhere in those modules, they are
-    restored and :class:`TracerLeakError` is raised.
+    restored and :class:`TracerLeakError` is raised (``compiled``: see
+    :func:`check_and_restore`).
     """
     olds = [c[k] for c, k in slots]
     snaps = [Snapshot(m) for _, m in named_modules]
@@ -183,4 +215,4 @@ def bound(
         stack.pop()
         for (c, k), v in zip(slots, olds):
             c[k] = v
-        check_and_restore(snaps, named_modules, ok, {id(v) for v in olds})
+        check_and_restore(snaps, named_modules, ok, {id(v) for v in olds}, compiled)

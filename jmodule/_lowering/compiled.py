@@ -36,6 +36,7 @@ from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.arguments import wrap_leaf
 from jmodule._lowering.program import Plan, Program
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
+from jmodule._tensor import Tensor as _Tensor
 
 _HOOKS = _hooks._VERSION  # the global hooks' version (``.value``), read once per call
 
@@ -149,6 +150,7 @@ def _plan_for(
                 names.append(prefix + name)
                 cells.append(cell)
         named_modules += [(prefix + p if p else prefix.rstrip("."), m) for p, m in d.named_modules]
+    fills = _none_buffers(named_modules, slots, names, cells, seen)
     one_device = _one_device(slots)
     groups: list[_program.Group] = []
     if with_grads and one_device:
@@ -177,7 +179,37 @@ def _plan_for(
     plan.committed = committed
     plan.groups = tuple(groups)
     plan.members = frozenset(m for g in groups for m in g.members)
+    plan.fills = fills
     return plan
+
+
+def _none_buffers(
+    named_modules: Sequence[tuple[str, Any]], slots: list, names: list, cells: list, seen: set
+) -> tuple[tuple[Any, Any], ...]:
+    """Add a slot for each buffer registered as None (``register_buffer("mask", None)``).
+
+    The program reads None there and may write an array (``self.mask = jnp.tril(...)``
+    in ``forward``, as PyTorch allows): the write comes back as the slot's new value.
+    Giving the buffer a value changes the module's structure (``write_back`` touches
+    it: ``Plan.fills``), so the next call describes it again and traces once more, with
+    the buffer as ordinary state. These slots are the plan's only:
+    :func:`structure.describe` lists state that has values (what ``jm.jit`` exports and
+    sharding places).
+
+    Returns:
+        ``(slot, module)`` of each slot added.
+    """
+    fills = []
+    for path, m in named_modules:
+        buffers = m.__dict__["_buffers"]
+        for name, b in buffers.items():
+            if b is None and (id(buffers), name) not in seen:
+                seen.add((id(buffers), name))
+                slots.append((buffers, name))
+                names.append(f"{path}.{name}" if path else name)
+                cells.append(None)
+                fills.append(((buffers, name), m))
+    return tuple(fills)
 
 
 def _groups(
@@ -432,10 +464,10 @@ class CompiledForward:
                 self.program.jitted(plan)
             if not kwargs:
                 for a in args:
-                    if type(a) is not _ArrayImpl:
+                    if type(a) is not _ArrayImpl and type(a) is not _Tensor:
                         break
                 else:
-                    kwargs = None  # arrays only: no kwargs node
+                    kwargs = None  # arrays (and jm.Tensors: one-leaf pytrees) only
             if kwargs is not None:
                 args, kwargs = jax.tree_util.tree_map(wrap_leaf, (args, kwargs), is_leaf=_is_param)
             local = state.local
@@ -451,7 +483,7 @@ class CompiledForward:
                 local.call = plan
                 jitted = plan.jitted
                 out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
-                _program.write_back(slots, changed)  # refuses a foreign trace's tracers
+                _program.write_back(slots, changed, fills=plan.fills)  # refuses foreign tracers
                 if plan.draws is None:
                     _learned(self.program, plan)
             return out
@@ -557,7 +589,7 @@ class CompiledFunction:
         arrays = []
         for a, p in zip(args, last.pattern):
             if p is None:
-                if type(a) is not _ArrayImpl:
+                if type(a) is not _ArrayImpl and type(a) is not _Tensor:
                     return None
                 arrays.append(a)
             elif a is not p:
@@ -585,7 +617,7 @@ class CompiledFunction:
             flat: list[Any] = []
             where: list[int] = []
             for a in args:
-                if type(a) is _ArrayImpl:
+                if type(a) is _ArrayImpl or type(a) is _Tensor:  # a Tensor: a one-leaf pytree
                     flat.append(a)
                     where.append(-1)
                 elif _is_stateful(a):

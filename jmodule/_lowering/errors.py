@@ -86,6 +86,17 @@ _FIX_SYMBOLIC = (
     "avoid Python decisions on the batch size (reshape with -1 rather than a computed "
     "size, keep per-sample logic in jnp), or save with dynamic_batch=False."
 )
+_WHY_LEAK = (
+    "A traced value was kept past the trace that made it and used later: it was assigned "
+    "to a variable or object outside the function that computed it (a global, a closure "
+    "variable, a list, an attribute of something that is not an argument). The usual case: "
+    "a value computed inside the function given to jm.backward (an RNN's hidden state, the "
+    "logits) and assigned out of it (nonlocal hidden; hidden = ...)."
+)
+_FIX_LEAK = (
+    "hand it back instead of assigning it: from jm.backward, return (loss, aux) and call "
+    "`loss, aux = jm.backward(fn, has_aux=True)`; from a compiled function, return it."
+)
 _WHY_OUTPUT = "The forward returned {what}, which is not an array."
 _FIX_OUTPUT = (
     "return arrays only (any tuple/list/dict of arrays); keep Python values as module "
@@ -106,6 +117,7 @@ def _kinds() -> list[tuple[type, str, str]]:
         (errors.TracerArrayConversionError, _WHY_NUMPY, _FIX_NUMPY),
         (errors.TracerIntegerConversionError, _WHY_CONCRETE, _FIX_CONCRETE),
         (errors.ConcretizationTypeError, _WHY_CONCRETE, _FIX_CONCRETE),
+        (errors.UnexpectedTracerError, _WHY_LEAK, _FIX_LEAK),
     ]
 
 

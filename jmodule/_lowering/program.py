@@ -220,6 +220,9 @@ class Plan:
     groups: tuple[Group, ...] = ()
     #: The groups' member slots: not program inputs.
     members: frozenset[int] = frozenset()
+    #: ``(slot, module)`` of the buffers registered as None that the program may give a
+    #: value (``compiled._none_buffers``): when one does, ``write_back`` touches the module.
+    fills: tuple = ()
 
 
 class _Reread(Exception):
@@ -491,7 +494,7 @@ class Program:
         local.rng_left_out = slots[-1][0] is not plan.generator.__dict__
         local.rng_used = False
         try:
-            with binding.bound(slots, vals, plan.named_modules):
+            with binding.bound(slots, vals, plan.named_modules, compiled=True):
                 out = self.fn(plan.objects, args, kwargs)
                 idx = tuple(i for i, (c, k) in enumerate(slots) if c[k] is not vals[i])
                 new = tuple(slots[i][0][slots[i][1]] for i in idx)
@@ -705,8 +708,16 @@ FOREIGN_TRACE_HELP = (
 )
 
 
-def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = None) -> None:
-    """Put a call's new values into their slots (``recorder``: note those of its trace)."""
+def write_back(
+    slots: Sequence[Slot], changed: Changed | None, recorder: Any = None, fills: tuple = ()
+) -> None:
+    """Put a call's new values into their slots (``recorder``: note those of its trace).
+
+    ``fills`` (:attr:`Plan.fills`): a buffer that was None and now holds a value changed
+    its module's structure, which is touched, as ``Module._set_buffer`` touches it when
+    Python assigns one (a call whose trace was cached ran no Python to do it), so the
+    next call describes it again.
+    """
     if changed is None:  # a compact program that changed nothing
         return
     indices, values = changed.indices, changed.values
@@ -750,6 +761,9 @@ def write_back(slots: Sequence[Slot], changed: Changed | None, recorder: Any = N
                 mc[mk] = stacked[b]
             else:
                 mc[mk] = state.StackedValue(stacked, b)
+    for (c, k), module in fills:
+        if c.get(k) is not None:
+            state.touch(module)
 
 
 def _run_jitted(
@@ -797,7 +811,7 @@ def _taped(tape: Any, jitted: Callable, tree: tuple) -> Any:
 def call(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
     """Run the program on the slots and write back what it changed (``kwargs`` None: none)."""
     out, changed = _run_jitted(program, plan, args, kwargs, read_state)
-    write_back(plan.slots, changed)
+    write_back(plan.slots, changed, fills=plan.fills)
     return out
 
 
@@ -822,7 +836,7 @@ def call_recorded(program: Program, plan: Plan, args: tuple, kwargs: dict | None
         return vals
 
     out, changed = _run_jitted(program, plan, args, kwargs, read)
-    write_back(plan.slots, changed, recorder)
+    write_back(plan.slots, changed, recorder, plan.fills)
     return out
 
 
@@ -905,7 +919,7 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
         return SLOW
     if program.num_traces != traces:
         plan.fast = None  # a new trace may have learned of more unread gradients
-    write_back(plan.slots, changed)
+    write_back(plan.slots, changed, fills=plan.fills)
     plan.fresh = _fresh(changed, len(donated))
     return out
 
@@ -1078,7 +1092,7 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
             vals = read_state(program, plan)
             last = plan.last = None
             continue
-        write_back(slots, changed)
+        write_back(slots, changed, fills=plan.fills)
         plan.fresh = _fresh(changed, len(idx))
         if kwargs is None:
             plan.fast = FastPath(

@@ -35,6 +35,8 @@ from jax._src.array import ArrayImpl as _ArrayImpl
 
 from jmodule._lowering import binding, state
 from jmodule._lowering import tape as _tape
+from jmodule._tensor import Tensor as _Tensor
+from jmodule._tensor import wrap as _wrap
 
 
 class _Sink:
@@ -288,6 +290,9 @@ def differentiate(
         writes = [v for _, _, v in new]
         loss, aux = out if has_aux else (out, None)
         loss = state.value(loss)
+        if type(loss) is _Tensor:  # a jm.Tensor loss: given back as one
+            tensor_loss.append(True)
+            loss = loss.array
         if not rec.nested and (not isinstance(loss, jax.Array) or loss.shape != ()):
             raise RuntimeError(
                 f"{caller}: grad can be implicitly created only for scalar outputs "
@@ -296,6 +301,7 @@ def differentiate(
         return loss, (aux, writes)
 
     z0 = jnp.zeros((), jnp.float32)
+    tensor_loss: list[bool] = []
     loss, vjp_fn, (aux, writes) = jax.vjp(f, z0, has_aux=True)
     rec = box[0]
     for (container, key), v in zip(where, writes):
@@ -304,7 +310,7 @@ def differentiate(
         return loss, aux, rec, None
     if rec.tapped:
         vjp_fn(jnp.ones_like(loss))
-    return loss, aux, rec, rec.grads
+    return _wrap(loss) if tensor_loss else loss, aux, rec, rec.grads
 
 
 def _differentiate_eagerly(
@@ -340,6 +346,9 @@ def _differentiate_eagerly(
         container[key] = _tape.concrete(v)
     loss, aux = out if has_aux else (out, None)
     loss = state.value(loss)
+    tensor_loss = type(loss) is _Tensor
+    if tensor_loss:  # a jm.Tensor loss: given back as one
+        loss = loss.array
     try:
         if not rec.nested and (not isinstance(loss, jax.Array) or loss.shape != ()):
             raise RuntimeError(
@@ -349,7 +358,8 @@ def _differentiate_eagerly(
         grads = None if rec.nested else tape.backward(loss) if rec.tapped else {}
     finally:
         tape.done = True
-    return _tape.concrete(loss), _tape.usable(aux), rec, grads
+    loss = _tape.concrete(loss)
+    return _wrap(loss) if tensor_loss else loss, _tape.usable(aux), rec, grads
 
 
 def _committed(v: Any) -> Any:

@@ -148,6 +148,18 @@ META_HELP = (
 )
 
 
+def traced_device() -> jax.Device:
+    """The device a traced program runs on unless its inputs say otherwise: JAX's default
+    device (``jax_default_device``, else the first device of the default backend). What
+    ``x.device`` answers inside traced code, where arrays have no device of their own."""
+    configured = jax.config.jax_default_device
+    if isinstance(configured, jax.Device):
+        return configured
+    if isinstance(configured, str):
+        return jax.devices(configured)[0]
+    return jax.devices()[0]
+
+
 def is_cell(x: Any) -> bool:
     """Whether ``x`` is a Parameter or Buffer (a :class:`Cell`)."""
     return isinstance(x, Cell)
@@ -258,6 +270,8 @@ def as_array(x: Any) -> Any:
         return v
     if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
         return x
+    if "_jm_tensor" in type(x).__dict__:  # a jm.Tensor (jmodule/_tensor.py): its array
+        return x.array
     if type(x).__module__.startswith("torch"):
         x = torch_to_numpy(x)
     return jnp.asarray(x)
@@ -324,7 +338,11 @@ def using_generator(generator: Any) -> None:
 
 
 def _binary(op):
+    # With a jm.Tensor (``jmodule/_tensor.py``) on the other side, its reflected operator
+    # answers, so that the result is a Tensor (Tensor in, Tensor out).
     def forward(self, other):
+        if "_jm_tensor" in type(other).__dict__:
+            return NotImplemented
         return op(read(self), value(other))
 
     def reflected(self, other):
@@ -393,6 +411,10 @@ class Cell:
                 raise RuntimeError(f"{META_HELP} (while looking up .{name})")
             return getattr(v, name)
         if name in _METADATA:  # no value is computed with: a gradient recorder need not see it
+            if name == "device" and isinstance(v, jax.core.Tracer):
+                # ``device = next(model.parameters()).device`` inside compiled code: where
+                # the program runs by default (what ``device=`` arguments need there)
+                return traced_device()
             return _forwarded(self, v, name)
         return _forwarded(self, read(self), name)
 

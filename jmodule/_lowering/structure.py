@@ -280,6 +280,12 @@ def structural_change(old: dict[str, ModuleInfo], new: dict[str, ModuleInfo]) ->
                     return f"requires_grad of parameter {_named(path, name)} changed"
             return f"parameters of {_where(path)} changed ({list(old_rg)} -> {list(new_rg)})"
         if o.buffers != n.buffers:
+            if len(o.buffers) == len(n.buffers):
+                for a, b in zip(o.buffers, n.buffers):
+                    if a == b + "=None":  # register_buffer(name, None), then a value
+                        return f"buffer {_named(path, b)} was given a value (it was None)"
+                    if b == a + "=None":
+                        return f"buffer {_named(path, a)} was set to None"
             return f"buffers of {_where(path)} changed ({list(o.buffers)} -> {list(n.buffers)})"
         if o.children != n.children:
             return f"children of {_where(path)} changed"

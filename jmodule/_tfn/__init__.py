@@ -8,9 +8,9 @@ generator), ``shape`` (``cat``, ``split``, ``gather``, ...), ``pointwise``
 ``cdist``, ...) and ``info`` (``is_tensor``, ``numel``, ...). Every function
 takes jax/numpy arrays, Python numbers and Parameters (read so that
 ``jm.backward`` sees them) and returns ``jax.Array`` s, eagerly and inside
-``jm.compile`` / ``jax.jit``. Names that are Python builtins (``sum``,
-``max``, ``abs``, ...) are in :data:`BUILTIN_NAMED`, which ``jmodule``
-serves through its ``__getattr__``.
+``jm.compile`` / ``jax.jit``; given a ``jm.Tensor`` it returns Tensors.
+Names that are Python builtins (``sum``, ``max``, ``abs``, ...) are in
+:data:`BUILTIN_NAMED`, which ``jmodule`` serves through its ``__getattr__``.
 
 >>> import jax.numpy as jnp
 >>> import jmodule as jm
@@ -27,6 +27,10 @@ Array([4, 2], dtype=int32)
 (True, 6)
 """
 
+import inspect as _inspect
+
+from jmodule._tensor import install as _install
+from jmodule._tensor import preserving as _preserving
 from jmodule._tfn import creation, info, linalg, pointwise, random_fns, reduction, shape
 from jmodule._tfn.creation import *  # noqa: F403
 from jmodule._tfn.info import *  # noqa: F403
@@ -46,7 +50,17 @@ __all__ = [
     *shape.__all__,
 ]
 
+# Given a jm.Tensor, each function returns Tensors (``jmodule/_tensor.py``).
+_here = globals()  # (this module's names: none of them a builtin's, see BUILTIN_NAMED)
+for _name in __all__:
+    if _inspect.isfunction(_here[_name]):
+        _here[_name] = _preserving(_here[_name], _name)
+
 #: ``jm.sum``, ``jm.max``, ``jm.abs``, ...: public names that are Python builtins.
-BUILTIN_NAMED = {**pointwise.BUILTIN_NAMED, **reduction.BUILTIN_NAMED}
+BUILTIN_NAMED = {
+    name: _preserving(fn, name)
+    for name, fn in {**pointwise.BUILTIN_NAMED, **reduction.BUILTIN_NAMED}.items()
+}
+_install({**{n: globals()[n] for n in __all__}, **BUILTIN_NAMED})  # jm.Tensor's methods
 #: ``jm.return_types.max`` etc.: the named tuples, by PyTorch's names.
 RETURN_TYPES = dict(reduction.RETURN_TYPES)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule import _device, _factory
+from jmodule._device import out_dtype as out_dtype  # the dtype rule's owner is _device
 from jmodule._lowering import state
 from jmodule._lowering.state import as_array
 
@@ -54,23 +55,6 @@ def default_float() -> Any:
 def long_dtype() -> Any:
     """PyTorch's int64 under the x64 rule: int64 with x64 on, else int32."""
     return jnp.int64 if jax.config.read("jax_enable_x64") else jnp.int32
-
-
-def out_dtype(dtype: Any, *, what: str = "the result") -> Any:
-    """A requested ``dtype=`` as the dtype JAX will use.
-
-    64-bit integers become 32-bit ones when JAX's x64 mode is off (section 2
-    of the contract: PyTorch's int64 results are int32 here); float64 and
-    complex128 without x64 raise ``jm.DtypeError`` saying how to turn it on.
-    """
-    if dtype is None:
-        return None
-    if type(dtype).__module__ == "torch":  # a torch.dtype, for convenience
-        dtype = str(dtype).replace("torch.", "")
-    dt = jnp.dtype(dtype)
-    if dt.kind in "iu":
-        return jax.dtypes.canonicalize_dtype(dt)
-    return _device.canonical_dtype(dt, what=what)
 
 
 def float_input(x: jax.Array) -> jax.Array:

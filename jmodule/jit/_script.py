@@ -93,6 +93,9 @@ class ScriptModule(Module):
     (True, ['weight', 'bias'])
     """
 
+    #: Its forward calls modules that may be user code: a jm.Tensor passes on to them.
+    _jm_passes_tensors = True
+
     def __init__(
         self,
         module: Module,

@@ -105,6 +105,8 @@ from jmodule.nn.modules import PixelShuffle as PixelShuffle
 from jmodule.nn.modules import PixelUnshuffle as PixelUnshuffle
 from jmodule.nn.modules import PoissonNLLLoss as PoissonNLLLoss
 from jmodule.nn.modules import PReLU as PReLU
+from jmodule.nn.modules import Rearrange as Rearrange
+from jmodule.nn.modules import Reduce as Reduce
 from jmodule.nn.modules import ReflectionPad1d as ReflectionPad1d
 from jmodule.nn.modules import ReflectionPad2d as ReflectionPad2d
 from jmodule.nn.modules import ReflectionPad3d as ReflectionPad3d

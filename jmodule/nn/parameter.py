@@ -22,10 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule import _tensor
 from jmodule._convert import torch_scalar_name
 from jmodule._lowering import state
 from jmodule._lowering.state import META_HELP as META_HELP
 from jmodule._lowering.state import Cell, as_array
+from jmodule._tensor import Size, SizeAttribute, wrap_dim
 from jmodule.nn import init
 
 __all__ = ["Buffer", "Parameter", "Size", "as_array"]
@@ -34,54 +36,10 @@ __all__ = ["Buffer", "Parameter", "Size", "as_array"]
 # code has always found it.
 
 
-class Size(tuple):
-    """``torch.Size``: the tuple of ints ``Parameter.size()`` returns (equal to the tuple).
-
-    >>> from jmodule.nn.parameter import Size
-    >>> Size((2, 3)), Size((2, 3)).numel(), Size((2, 3)) == (2, 3)
-    (Size([2, 3]), 6, True)
-    """
-
-    def numel(self) -> int:
-        """The number of elements of an array of this shape."""
-        return math.prod(self)
-
-    def __repr__(self) -> str:
-        return f"Size({list(self)})"
-
-    def __getitem__(self, idx: Any) -> Any:
-        out = super().__getitem__(idx)
-        return Size(out) if isinstance(idx, slice) else out
-
-
-class _SizeAttribute(int):
-    """``p.size``: the element count, as ``jax.Array.size`` is (so jnp-style code keeps
-    working), which called is ``torch.Tensor.size(dim=None)``."""
-
-    def __new__(cls, shape: tuple[int, ...]) -> _SizeAttribute:
-        out = super().__new__(cls, math.prod(shape))
-        out._shape = tuple(shape)
-        return out
-
-    def __call__(self, dim: int | None = None) -> Any:
-        if dim is None:
-            return Size(self._shape)
-        return self._shape[_dim(dim, len(self._shape), "size", empty_ok=False)]
-
-
-def _dim(dim: Any, ndim: int, what: str, empty_ok: bool = True) -> int:
-    """``dim`` wrapped into ``range(ndim)`` as PyTorch does, with its errors."""
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-        raise TypeError(f"{what}(): argument 'dim' must be int, not {type(dim).__name__}")
-    dim = int(dim)
-    if ndim == 0 and not empty_ok:
-        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
-    n = max(ndim, 1)  # a 0-d tensor's dims are [-1, 0], as PyTorch's
-    if not -n <= dim < n:
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
-        )
-    return dim % n if ndim else 0
+# ``Size``, the callable ``p.size`` and PyTorch's dim wrapping are ``jm.Tensor``'s
+# (``jmodule/_tensor.py``, below the package): one owner for both kinds of tensor.
+_SizeAttribute = SizeAttribute
+_dim = wrap_dim
 
 
 def _view_shape(shape: tuple, numel: int) -> tuple[int, ...]:
@@ -137,6 +95,10 @@ class _TensorMethods(Cell):
     def _meta_or_value(self) -> Any:
         # shape and dtype only: a block of a stacked value needs no slicing for them
         return state.raw(self)
+
+    def _peek(self) -> Any:
+        # the value to change in place, unseen by a gradient recorder
+        return state.peek(self)
 
     @property
     def size(self) -> Any:
@@ -310,6 +272,157 @@ class _TensorMethods(Cell):
         flat = v.reshape(-1) if axis is None else v
         return jnp.linalg.vector_norm(flat, ord=p, axis=axis, keepdims=keepdim)
 
+    # ------------------------------------------------------------------ new arrays, casts
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:
+        """PyTorch's ``Tensor.to``: ``to(dtype)``, ``to(device)``, ``to(device, dtype)``,
+        ``to(other)`` (its dtype and device), with ``non_blocking``, ``copy`` and
+        ``memory_format`` (accepted; XLA chooses layouts).
+
+        As in PyTorch, when nothing changes (and not ``copy=True``) it returns the
+        parameter itself; otherwise a new ``jax.Array`` (not a Parameter; gradients
+        flow through it). Every dtype is accepted (``to(jm.long)`` too), with section
+        2's x64 rule. Inside traced code a device is not applied: the program's
+        placement is.
+
+        Raises:
+            DeviceError: JAX cannot see the device.
+            DtypeError: a 64-bit float while JAX's x64 mode is off.
+
+        >>> import jax.numpy as jnp
+        >>> import jmodule as jm
+        >>> w = jm.nn.Parameter(jnp.ones((2, 3)))
+        >>> w.to(jm.bfloat16).dtype, w.to(jm.float32) is w, type(w.to(jm.int)).__name__
+        (dtype(bfloat16), True, 'ArrayImpl')
+        """
+        from jmodule import _device, _placement
+        from jmodule._tfn._common import out_dtype
+
+        dtype = kwargs.pop("dtype", None)
+        where = kwargs.pop("device", None)
+        kwargs.pop("non_blocking", None)
+        copy = bool(kwargs.pop("copy", False))
+        _device.check_memory_format(kwargs.pop("memory_format", None))
+        if kwargs:
+            raise TypeError(f"to() got unexpected keyword argument(s) {sorted(kwargs)}")
+        flags = [a for a in args if isinstance(a, bool)]  # (non_blocking, copy), positional
+        if len(flags) > 1:
+            copy = copy or flags[1]
+        for a in args:
+            if isinstance(a, bool) or a is None:
+                continue
+            spec = state.value(a) if state.is_cell(a) else a
+            if not isinstance(spec, jax.Array) and hasattr(spec, "__jax_array__"):
+                spec = spec.__jax_array__()  # a jm.Tensor
+            if isinstance(spec, jax.core.Tracer):
+                dtype = spec.dtype  # a traced array: no device to read
+                continue
+            device_like, dtype_like = _placement._one(spec)
+            where = device_like if device_like is not None else where
+            dtype = dtype_like if dtype_like is not None else dtype
+        raw = self._meta_or_value()
+        want = None if dtype is None else out_dtype(dtype, what="the parameter")
+        # int64 asked of an int32 parameter while x64 is off: the same dtype here, but a
+        # conversion (a new tensor) in PyTorch
+        if want is not None and type(dtype).__module__.startswith("torch"):
+            dtype = str(dtype).removeprefix("torch.")
+        converts = want is not None and jnp.dtype(dtype) != raw.dtype
+        place = None if where is None else _device.resolve(where)
+        if isinstance(raw, jax.ShapeDtypeStruct):  # meta: a new shape and dtype, no data
+            return jax.ShapeDtypeStruct(raw.shape, want) if converts else self
+        v = self._read()
+        out = v
+        if want is not None and want != v.dtype:
+            out = _placement.cast(out, want)
+        if place is not None and not isinstance(out, jax.core.Tracer) and not _at(v, place):
+            out = _placement.move(out, place)
+        if out is v:
+            return jnp.array(v, copy=True) if copy or converts else self
+        return out
+
+    def new_tensor(
+        self, data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+    ) -> Any:
+        """PyTorch's ``Tensor.new_tensor``: ``data`` copied into a new array of this
+        parameter's dtype (or ``dtype``) on its device (or ``device``).
+
+        >>> import jax.numpy as jnp
+        >>> import jmodule as jm
+        >>> w = jm.nn.Parameter(jnp.ones((2, 3)))
+        >>> w.new_tensor([1, 2])
+        Tensor([1., 2.], dtype=float32)
+        """
+        from jmodule._tfn import creation
+
+        creation.check_torch_only("new_tensor", requires_grad=requires_grad)
+        dt = dtype if dtype is not None else self._meta_or_value().dtype
+        return _tensor.wrap(
+            self._new_placed(creation.tensor(data, dtype=dt, device=device), device)
+        )
+
+    def new_zeros(self, *size: Any, dtype: Any = None, device: Any = None, **kwargs: Any) -> Any:
+        """PyTorch's ``Tensor.new_zeros``: zeros of ``size`` (ints or one tuple) in this
+        parameter's dtype (or ``dtype``) on its device (or ``device``): a ``jm.Tensor``
+        (a new tensor, as in PyTorch: ``init_hidden``'s state has torch's methods).
+
+        >>> import jax.numpy as jnp
+        >>> import jmodule as jm
+        >>> w = jm.nn.Parameter(jnp.ones((2, 3)))
+        >>> w.new_zeros(2, 4).shape, w.new_zeros((1, 2), dtype=jm.int).dtype
+        (Size([2, 4]), dtype('int32'))
+        """
+        return self._new("new_zeros", size, 0, dtype, device, kwargs)
+
+    def new_ones(self, *size: Any, dtype: Any = None, device: Any = None, **kwargs: Any) -> Any:
+        """PyTorch's ``Tensor.new_ones``: as :meth:`new_zeros`, filled with ones."""
+        return self._new("new_ones", size, 1, dtype, device, kwargs)
+
+    def new_empty(self, *size: Any, dtype: Any = None, device: Any = None, **kwargs: Any) -> Any:
+        """PyTorch's ``Tensor.new_empty``: as :meth:`new_zeros` (JAX has no uninitialised
+        memory: the values are zeros)."""
+        return self._new("new_empty", size, 0, dtype, device, kwargs)
+
+    def new_full(
+        self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, **kwargs: Any
+    ) -> Any:
+        """PyTorch's ``Tensor.new_full``: ``fill_value`` everywhere, of ``size``, in this
+        parameter's dtype (or ``dtype``) on its device (or ``device``)."""
+        return self._new("new_full", (size,), state.value(fill_value), dtype, device, kwargs)
+
+    def _new(self, what: str, size: tuple, fill: Any, dtype: Any, device: Any, kw: dict) -> Any:
+        from jmodule._tfn import _common, creation
+
+        if "size" in kw and not size:  # new_zeros(size=(2, 3)), as torch accepts
+            size = (kw.pop("size"),)
+        creation.check_torch_only(what, requires_grad=kw.pop("requires_grad", False))
+        for ignored in ("layout", "pin_memory"):
+            kw.pop(ignored, None)
+        if kw:
+            raise TypeError(f"{what}() got unexpected keyword argument(s) {sorted(kw)}")
+        shape = _common.shape_arg(size)
+        raw = self._meta_or_value()
+        dt = _common.out_dtype(dtype) if dtype is not None else raw.dtype
+        if isinstance(raw, jax.ShapeDtypeStruct) and device is None:
+            return jax.ShapeDtypeStruct(shape, dt)  # meta in, meta out
+        out = jnp.full(shape, fill, dt)
+        out = _common.place(out, device) if device is not None else self._new_placed(out, None)
+        return _tensor.wrap(out)  # a new tensor, as torch's: a jm.Tensor
+
+    def _new_placed(self, out: Any, device: Any) -> Any:
+        """``out`` on this parameter's device when no ``device`` was given (PyTorch's
+        ``new_*`` put new tensors there; the ``jm.device`` context does not apply)."""
+        v = self._meta_or_value()
+        if (
+            device is None
+            and _concrete(v)
+            and v.committed
+            and len(v.devices()) == 1
+            and _concrete(out)
+            and out.devices() != v.devices()
+        ):
+            return jax.device_put(out, next(iter(v.devices())))
+        return out
+
     # ------------------------------------------------------------------ in place
 
     def _store(self, new: Any) -> _TensorMethods:
@@ -336,7 +449,7 @@ class _TensorMethods(Cell):
                 message), or inside ``jm.backward`` for a parameter that
                 requires grad.
         """
-        old = state.peek(self)
+        old = self._peek()
         if isinstance(old, jax.ShapeDtypeStruct):
             return self  # meta: no data to copy into
         v = as_array(src)
@@ -362,7 +475,7 @@ class _TensorMethods(Cell):
         Raises:
             RuntimeError: ``value`` has dimensions (PyTorch's message).
         """
-        old = state.peek(self)
+        old = self._peek()
         if isinstance(old, jax.ShapeDtypeStruct):
             return self
         v = state.value(value)
@@ -403,7 +516,7 @@ class _TensorMethods(Cell):
     # changes the tensor in place; the result keeps the parameter's shape and dtype.
 
     def _update(self, compute: Callable[[Any], Any]) -> _TensorMethods:
-        old = state.peek(self)
+        old = self._peek()
         if isinstance(old, jax.ShapeDtypeStruct):
             return self  # meta: no data to change
         new = jnp.asarray(compute(old))
@@ -499,6 +612,53 @@ def _torch_method(name: str) -> Any:
 
 for _name in TORCH_MEANING:
     setattr(_TensorMethods, _name, _torch_method(_name))
+
+
+def _concrete(v: Any) -> bool:
+    return isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer)
+
+
+def _at(v: jax.Array, place: Any) -> bool:
+    """Whether the concrete array ``v`` already is where the parsed ``place`` says."""
+    if isinstance(place, jax.Device):
+        return v.devices() == {place}
+    if isinstance(place, jax.sharding.Sharding):
+        return v.sharding.is_equivalent_to(place, v.ndim)
+    return False  # meta
+
+
+#: ``torch.Tensor``'s dtype conversions: ``p.float()`` is ``p.to(jm.float32)`` (the
+#: parameter itself when it already is float32, as in PyTorch; else a ``jax.Array``).
+#: Set here, not in the class body, so that no class namespace rebinds a builtin.
+CASTS = {
+    "float": jnp.float32,
+    "double": jnp.float64,
+    "half": jnp.float16,
+    "bfloat16": jnp.bfloat16,
+    "long": jnp.int64,
+    "int": jnp.int32,
+    "short": jnp.int16,
+    "char": jnp.int8,
+    "byte": jnp.uint8,
+    "bool": jnp.bool_,
+}
+
+
+def _cast_method(name: str, dtype: Any) -> Any:
+    def method(self: _TensorMethods, memory_format: Any = None) -> Any:
+        return self.to(dtype, memory_format=memory_format)
+
+    shown = jnp.dtype(dtype).name
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (
+        f"``torch.Tensor.{name}()``: ``self.to({shown})`` (the parameter itself when it "
+        "already is; else a new ``jax.Array``)."
+    )
+    return method
+
+
+for _name, _dtype in CASTS.items():
+    setattr(_TensorMethods, _name, _cast_method(_name, _dtype))
 
 
 def _sizes(sizes: tuple) -> tuple[int, ...]:
@@ -683,3 +843,6 @@ class Buffer(_TensorMethods):
 
 jax.tree_util.register_pytree_node(Parameter, state.flatten_cell, lambda _, c: c[0])
 jax.tree_util.register_pytree_node(Buffer, state.flatten_cell, lambda _, c: c[0])
+
+
+_tensor.adopt(_TensorMethods)  # jm.Tensor's torch methods are these, returning Tensors

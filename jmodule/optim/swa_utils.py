@@ -212,6 +212,9 @@ class AveragedModel(Module):
     [[3.0]]
     """
 
+    #: Its forward calls modules that may be user code: a jm.Tensor passes on to them.
+    _jm_passes_tensors = True
+
     def __init__(
         self,
         model: Module,

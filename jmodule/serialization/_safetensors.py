@@ -41,6 +41,8 @@ def _fatal(e: BaseException) -> bool:
 
 
 def _host(x: Any, key: str) -> np.ndarray:
+    if "_jm_tensor" in type(x).__dict__:  # a jm.Tensor: its array
+        x = x.array
     if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
         raise TypeError(
             f"cannot save '{key}' of type {type(x).__name__} to safetensors, which holds only "

@@ -185,6 +185,8 @@ class _Pickle:
             self.str_(str(x))
         elif state.is_cell(x) or isinstance(x, (jax.Array, np.ndarray, np.generic)):
             self.tensor(x, key)
+        elif "_jm_tensor" in type(x).__dict__:  # a jm.Tensor: its array
+            self.tensor(x.array, key)
         elif isinstance(x, jax.ShapeDtypeStruct):
             raise TypeError(f"cannot save '{key}': it is a meta array (shape and dtype, no data)")
         elif isinstance(x, Mapping):

@@ -61,6 +61,8 @@ from jmodule.nn.modules.dropout import Dropout1d as Dropout1d
 from jmodule.nn.modules.dropout import Dropout2d as Dropout2d
 from jmodule.nn.modules.dropout import Dropout3d as Dropout3d
 from jmodule.nn.modules.dropout import FeatureAlphaDropout as FeatureAlphaDropout
+from jmodule.nn.modules.einops_layers import Rearrange as Rearrange
+from jmodule.nn.modules.einops_layers import Reduce as Reduce
 from jmodule.nn.modules.flatten import Flatten as Flatten
 from jmodule.nn.modules.flatten import Unflatten as Unflatten
 from jmodule.nn.modules.fold import Fold as Fold

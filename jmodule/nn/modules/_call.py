@@ -6,6 +6,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from jmodule import _tensor
 from jmodule._lowering import errors as _errors
 from jmodule._lowering import state
 from jmodule._lowering import tracebacks as _tracebacks
@@ -159,9 +160,15 @@ class CallMixin:
             if compiled is not None:  # it tells a gradient recorder itself
                 return compiled(args, kwargs)
             if _fusion.wanted(self):  # library layers only: one compiled program (_fusion.py)
-                out = _fusion.call(self, args, kwargs)
-                if out is not _fusion.NOT_FUSED:
-                    return out
+                if _tensor.has(args, kwargs):  # jm.Tensors: arrays in, Tensors out
+                    a, k = _tensor.unwrap_call(args, kwargs)
+                    out = _fusion.call(self, a, k)
+                    if out is not _fusion.NOT_FUSED:
+                        return _tensor.wrap(out)
+                else:
+                    out = _fusion.call(self, args, kwargs)
+                    if out is not _fusion.NOT_FUSED:
+                        return out
             recorder = state.local.recorder
             if recorder is not None:  # a gradient is being taken: it may restore this module
                 recorder.enter(self)
@@ -184,7 +191,7 @@ class CallMixin:
             or _hooks._global_forward_pre_hooks
             or _hooks._global_forward_hooks
         ):
-            return self.forward(*args, **kwargs)
+            return _forward(self, args, kwargs)
         called: set[int] = set()
         result = None
         try:
@@ -208,7 +215,7 @@ class CallMixin:
             if backward:
                 bw_hook = BackwardHooks(self, recorder)
                 args = bw_hook.setup_input_hook(args)
-            result = self.forward(*args, **kwargs)
+            result = _forward(self, args, kwargs)
             for hook_id, hook in (
                 *_hooks._global_forward_hooks.items(),
                 *self._forward_hooks.items(),
@@ -316,3 +323,17 @@ class CallMixin:
             return
         jit_options = {k: v for k, v in options.items() if k in _JIT_OPTIONS}
         self.__dict__["_compiled"] = CompiledForward(self, jit_options, options)
+
+
+def _forward(module: Any, args: tuple, kwargs: dict) -> Any:
+    """``module.forward(*args, **kwargs)``; a jmodule layer given ``jm.Tensor`` s computes
+    with their arrays and returns Tensors (a user's ``forward`` gets the Tensors, as do
+    containers that pass them on: ``_jm_passes_tensors``)."""
+    if _tensor.has(args, kwargs):
+        cls = type(module)
+        if (cls.forward.__module__ or "").startswith("jmodule.") and not getattr(
+            cls, "_jm_passes_tensors", False
+        ):
+            a, k = _tensor.unwrap_call(args, kwargs)
+            return _tensor.wrap(module.forward(*a, **k))
+    return module.forward(*args, **kwargs)

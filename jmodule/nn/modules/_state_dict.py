@@ -330,6 +330,8 @@ class StateDictMixin:
                     missing_keys.append(key)
                 continue
             value = state_dict[key]
+            if "_jm_tensor" in type(value).__dict__:  # a jm.Tensor: its array
+                value = value.array
             if not _is_loadable(value):
                 error_msgs.append(
                     f'While copying the parameter named "{key}", expected jax.Array, numpy '

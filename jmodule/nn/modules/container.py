@@ -42,6 +42,9 @@ class Sequential(Module):
     ((2, 1), 3, 'Sequential')
     """
 
+    #: Its forward calls modules that may be user code: a jm.Tensor passes on to them.
+    _jm_passes_tensors = True
+
     def __init__(self, *args: Any) -> None:
         super().__init__()
         if len(args) == 1 and isinstance(args[0], OrderedDict):

@@ -47,6 +47,45 @@ def _typename(obj: Any) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+#: The frameworks of einops' layer modules (``einops.layers.<name>``), as users know them.
+_EINOPS_FRAMEWORKS = {"torch": "PyTorch", "flax": "Flax", "keras": "Keras"}
+
+
+def _not_a_module(value: Any) -> str:
+    """The error for a child that is not a jmodule Module (an einops layer: which one to use)."""
+    what = _typename(value)
+    where = type(value).__module__
+    if not where.startswith("einops.layers."):
+        return f"{what} is not a Module subclass"
+    name = type(value).__name__
+    framework = _EINOPS_FRAMEWORKS.get(where.rpartition(".")[2], where)
+    if name in ("Rearrange", "Reduce"):
+        return (
+            f"{what} is not a Module subclass: it is einops' layer for {framework}. Use "
+            f"jm.nn.{name}, the same layer as a jmodule Module, with the same arguments: "
+            f"jm.nn.{name}{_einops_args(value)}."
+        )
+    return (
+        f"{what} is not a Module subclass: it is einops' layer for {framework}, and jmodule "
+        "has only jm.nn.Rearrange and jm.nn.Reduce. Compute it in forward with einops "
+        "functions (einops.einsum, einops.rearrange) over jm.nn.Parameter weights."
+    )
+
+
+def _einops_args(layer: Any) -> str:
+    """``('b c -> c b', h=2)``: an einops layer's arguments (torch's and flax's name them
+    differently: ``axes_lengths``, ``sizes``)."""
+    pattern = getattr(layer, "pattern", None)
+    if not isinstance(pattern, str):
+        return "(pattern, ...)"
+    parts = [repr(pattern)]
+    if type(layer).__name__ == "Reduce":
+        parts.append(repr(getattr(layer, "reduction", "...")))
+    lengths = getattr(layer, "axes_lengths", None) or getattr(layer, "sizes", None) or {}
+    parts += [f"{axis}={length}" for axis, length in dict(lengths).items()]
+    return "(" + ", ".join(parts) + ")"
+
+
 def _looks_like_nnx(value: Any) -> bool:
     """A Flax NNX module (it becomes a ``FlaxModule`` submodule when assigned)."""
     return any(
@@ -56,7 +95,9 @@ def _looks_like_nnx(value: Any) -> bool:
 
 
 def _is_array(value: Any) -> bool:
-    return isinstance(value, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+    return isinstance(value, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) or (
+        "_jm_tensor" in type(value).__dict__  # a jm.Tensor: its array is stored
+    )
 
 
 class Module(CallMixin, StateDictMixin, CastingMixin):
@@ -184,7 +225,7 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
     def add_module(self, name: str, module: Module | None) -> None:
         """Add a child module under ``name`` (``None`` is a placeholder)."""
         if not isinstance(module, Module) and module is not None:
-            raise TypeError(f"{_typename(module)} is not a Module subclass")
+            raise TypeError(_not_a_module(module))
         self._check_new_name("module", name, self._modules)
         self._modules[name] = module
         state.touch(self)
@@ -274,6 +315,8 @@ class Module(CallMixin, StateDictMixin, CastingMixin):
             state.touch(self)
 
     def _set_buffer(self, buffers: dict, name: str, value: Any) -> None:
+        if "_jm_tensor" in type(value).__dict__:  # a jm.Tensor: the buffer holds its array
+            value = value.array
         if value is not None and not _is_array(value):
             raise TypeError(
                 f"cannot assign '{_typename(value)}' as buffer '{name}' "

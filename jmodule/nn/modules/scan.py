@@ -179,6 +179,9 @@ class Scan(Module):
       it belongs to. Hooks on the ``Scan`` module itself work as usual.
     """
 
+    #: Its forward calls modules that may be user code: a jm.Tensor passes on to them.
+    _jm_passes_tensors = True
+
     #: A compiled step reads and writes the blocks' parameters stacked, one array per
     #: kind (``_lowering/compiled._groups``), kept in ``__dict__["_jm_stacks"]``.
     _jm_stacked = True
