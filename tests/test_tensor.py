@@ -587,3 +587,17 @@ def test_the_torch_namespace_switches_scripts_set():
     assert not scaler.is_enabled()
     assert jtorch.cuda.is_bf16_supported() == jtorch.cuda.is_available()
     assert jtorch.cuda.device_count() == len([d for d in jax.devices() if d.platform == "gpu"])
+
+
+def test_a_tensor_argument_traces_once_with_a_reason_that_says_so():
+    model = nn.Sequential(nn.Linear(4, 4))
+    model.compile()
+    x = jnp.asarray(X)
+    model(x)
+    out = model(jm.Tensor(x))
+    model(jm.Tensor(x))
+    model(x)
+    assert type(out) is jm.Tensor
+    stats = jm.compile_stats(model)
+    assert stats.num_traces == 2
+    assert stats.reasons[1].endswith("changed: a jax.Array -> a jm.Tensor")

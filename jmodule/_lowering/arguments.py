@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from jmodule._lowering import state
+from jmodule._tensor import Tensor
 
 __all__ = ["Static", "describe_args", "diff", "unwrap_static", "wrap_leaf"]
 
@@ -73,7 +74,7 @@ def describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> di
     """Name -> (shape, dtype) or ("value", v) for every argument leaf."""
     out = {}
     flat, _ = jax.tree_util.tree_flatten_with_path(
-        (args, kwargs), is_leaf=lambda x: type(x) is Static
+        (args, kwargs), is_leaf=lambda x: type(x) is Static or type(x) is Tensor
     )
     for path, leaf in flat:
         top, *rest = path
@@ -85,6 +86,8 @@ def describe_args(args: Any, kwargs: Any, arg_names: Sequence[str] | None) -> di
             name = jax.tree_util.keystr(tuple(rest)).strip("[]'")
         if type(leaf) is Static:
             out[name] = ("value", leaf.value)
+        elif type(leaf) is Tensor:  # a one-leaf pytree: its array, said to be a Tensor
+            out[name] = (tuple(leaf.shape), str(leaf.dtype), "jm.Tensor")
         else:
             out[name] = (tuple(leaf.shape), str(leaf.dtype))
     return out
@@ -108,6 +111,9 @@ def diff(kind: str, old: dict[str, tuple], new: dict[str, tuple]) -> str | None:
             continue
         if before[0] in ("value", "none") or sig[0] in ("value", "none"):
             return f"{kind} {name} changed: {_fmt(before)} -> {_fmt(sig)}"
+        if before[2:] != sig[2:]:
+            kinds = [s[2] if s[2:] else "jax.Array" for s in (before, sig)]
+            return f"{kind} {name} changed: a {kinds[0]} -> a {kinds[1]}"
         if before[0] != sig[0]:
             return f"{kind} shape changed: {name} {before[0]} -> {sig[0]}"
         return f"{kind} dtype changed: {name} {before[1]} -> {sig[1]}"
