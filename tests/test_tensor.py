@@ -601,3 +601,26 @@ def test_a_tensor_argument_traces_once_with_a_reason_that_says_so():
     stats = jm.compile_stats(model)
     assert stats.num_traces == 2
     assert stats.reasons[1].endswith("changed: a jax.Array -> a jm.Tensor")
+
+
+def test_a_torch_style_model_traced_with_tensors_saves_and_loads(tmp_path):
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(12, 2)
+
+        def forward(self, x):
+            return self.fc(x.view(x.size(0), -1)).transpose(0, 1)
+
+    model = Model()
+    x = jm.Tensor(jnp.asarray(X))
+    want = np.asarray(model(x))
+    traced = jm.jit.trace(model, x)
+    jm.jit.save(traced, tmp_path / "m.jmod")
+    loaded = jm.jit.load(tmp_path / "m.jmod")
+    out = loaded(x)
+    assert type(out) is jm.Tensor  # Tensor in, Tensor out
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+    plain = loaded(jnp.asarray(X))  # the saved program itself computes with arrays
+    assert type(plain) is not jm.Tensor and isinstance(plain, jax.Array)
+    np.testing.assert_allclose(np.asarray(plain), want, rtol=1e-6)

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from jmodule._tensor import Tensor
 from jmodule.jit import ops
 from jmodule.jit._graph import inline
 from jmodule.jit._trace import Traced
@@ -304,6 +305,8 @@ class _Leaf:
 def _expr(node: Any) -> str:
     if isinstance(node, _Leaf):
         return node.text
+    if type(node) is Tensor:  # a saved program returns arrays; called with Tensors (the
+        return _expr(node.array)  # caller's choice), its module wraps them again
     if node is None:
         return "None"
     if type(node) is tuple:
