@@ -374,6 +374,9 @@ class Tensor(metaclass=_TensorMeta):
     def _peek(self) -> Any:
         return self._v
 
+    # ``_update`` and ``_placed`` (compute a new value, check its shape and dtype, place
+    # it) are Parameter's, adopted with its methods: one implementation of in place.
+
     def _store(self, new: Any) -> Tensor:
         """Replace the value in place (the checks every in-place method shares)."""
         if self._flags & _ARG and isinstance(self._v, _Tracer):
@@ -382,13 +385,6 @@ class Tensor(metaclass=_TensorMeta):
             raise RuntimeError(_VIEW_HELP)
         self._v = new
         return self
-
-    def _placed(self, new: Any, old: Any) -> Any:
-        new = jnp.asarray(new, dtype=old.dtype)
-        if isinstance(old, jax.Array) and not isinstance(old, _Tracer):
-            if not isinstance(new, _Tracer) and new.sharding != old.sharding:
-                new = jax.device_put(new, old.sharding)
-        return new
 
     # ---------------------------------------------------------------- shape, type, place
 
@@ -585,21 +581,6 @@ class Tensor(metaclass=_TensorMeta):
         return _make(self._v)
 
     # ---------------------------------------------------------------- in place
-
-    def _update(self, compute: Callable[[Any], Any]) -> Tensor:
-        old = self._v
-        new = jnp.asarray(compute(old))
-        if tuple(new.shape) != tuple(old.shape):
-            raise RuntimeError(
-                f"output with shape {list(old.shape)} doesn't match the broadcast shape "
-                f"{list(new.shape)}"
-            )
-        if not jnp.issubdtype(old.dtype, jnp.inexact) and jnp.issubdtype(new.dtype, jnp.inexact):
-            raise RuntimeError(
-                f"result type {torch_scalar_name(new.dtype)} can't be cast to the desired output "
-                f"type {torch_scalar_name(old.dtype)}"
-            )
-        return self._store(new.astype(old.dtype))
 
     def masked_fill_(self, mask: Any, value: Any) -> Tensor:
         """Set the elements where ``mask`` is True to ``value``, in place."""
