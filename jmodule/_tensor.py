@@ -73,7 +73,6 @@ __all__ = [
     "has",
     "install",
     "preserving",
-    "unwrap",
     "unwrap_call",
     "wrap",
     "wrap_dim",
@@ -130,13 +129,6 @@ def wrap(out: Any) -> Any:
 
 def _plain(x: Any) -> Any:
     return x._v if type(x) is Tensor else x
-
-
-def unwrap(tree: Any) -> Any:
-    """``tree`` with every Tensor in it replaced by its array (Parameters left as they are)."""
-    if type(tree) is Tensor:
-        return tree._v
-    return jax.tree_util.tree_map(_plain, tree, is_leaf=_leaf)
 
 
 def has(args: tuple, kwargs: dict) -> bool:
@@ -196,16 +188,20 @@ def wrap_view(out: Any, src: Any) -> Any:
     )
 
 
-def preserving(fn: Callable, name: str | None = None) -> Callable:
+def preserving(fn: Callable, name: str | None = None, *, always: bool = False) -> Callable:
     """``fn`` (a torch function taking and returning arrays) for Tensors too: with a Tensor
     among its arguments it computes with the arrays and returns Tensors; without one it is
-    ``fn`` (one type check per argument)."""
+    ``fn`` (one type check per argument). ``always``: it returns Tensors whatever it was
+    given (``jmodule.torch``'s functions, creation included)."""
     views = (name or fn.__name__) in VIEWS
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if not has(args, kwargs):
-            return fn(*args, **kwargs)
+            if not always:
+                return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            return wrap_view(out, None) if views else wrap(out)
         src = _first(args) if views else None
         args, kwargs = unwrap_call(args, kwargs)
         out = fn(*args, **kwargs)

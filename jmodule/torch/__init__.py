@@ -29,7 +29,6 @@ layer or function comes back a Tensor either way (``jmodule/_tensor.py``).
 from __future__ import annotations
 
 import builtins
-import functools
 import inspect
 import sys
 from typing import Any
@@ -42,29 +41,18 @@ from jmodule.torch import cuda as cuda
 __all__ = ["backends", "cuda"]
 
 
-def _always(fn: Any, name: str) -> Any:
-    """``fn`` returning Tensors whatever it was given (arrays from Tensors in)."""
-    views = name in _tensor.VIEWS
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        src = None
-        if _tensor.has(args, kwargs):
-            src = _tensor._first(args) if views else None
-            args, kwargs = _tensor.unwrap_call(args, kwargs)
-        out = fn(*args, **kwargs)
-        return _tensor.wrap_view(out, src) if views else _tensor.wrap(out)
-
-    return call
-
-
 #: The torch functions, returning Tensors.
 _FUNCTIONS = {
-    name: _always(getattr(_tfn, name).__wrapped__, name)
+    name: _tensor.preserving(getattr(_tfn, name).__wrapped__, name, always=True)
     for name in _tfn.__all__
     if inspect.isfunction(getattr(_tfn, name)) and hasattr(getattr(_tfn, name), "__wrapped__")
 }
-_FUNCTIONS.update({name: _always(fn.__wrapped__, name) for name, fn in _tfn.BUILTIN_NAMED.items()})
+_FUNCTIONS.update(
+    {
+        name: _tensor.preserving(fn.__wrapped__, name, always=True)
+        for name, fn in _tfn.BUILTIN_NAMED.items()
+    }
+)
 # Names that are Python builtins (``sum``, ``max``, ``abs``, ...) are served by
 # ``__getattr__``, so that this module rebinds no builtin (as ``jmodule`` does).
 _BUILTIN_NAMED = {k: v for k, v in _FUNCTIONS.items() if hasattr(builtins, k)}
