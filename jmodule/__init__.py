@@ -8,9 +8,9 @@
 (3, 2)
 """
 
+from jmodule import _array_patches as _array_patches
 from jmodule import _compilation_cache, _device
 from jmodule import _einops as _einops
-from jmodule import _hints as _hints
 from jmodule import amp as amp
 from jmodule import checkpoint as checkpoint
 from jmodule import distributed as distributed

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from jmodule.serialization import _atomic, _directory, _errors, _inflight, _metafile
+from jmodule.serialization import _atomic, _directory, _errors, _inflight, _metafile, _threads
 from jmodule.serialization._errors import CheckpointExistsError, CheckpointNotFoundError
 
 __all__ = ["CheckpointManager"]
@@ -105,7 +105,6 @@ class CheckpointManager:
         self.async_ = async_
         with _errors.saving(self.directory, lambda: None):
             self.directory.mkdir(parents=True, exist_ok=True)
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         # The background saves whose outcome no call has taken yet, and the errors taken
         # but not yet raised (each is raised once, by the next call that waits). Calls
         # from several threads take them under the lock, so no save's outcome is lost.
@@ -185,13 +184,25 @@ class CheckpointManager:
             if not self.async_:
                 self._write(prepared, step, overwrite)
                 return True
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="jm-checkpoint"
-                )
-            future = self._executor.submit(self._write, prepared, step, overwrite)
+            future: concurrent.futures.Future = concurrent.futures.Future()
+
+            def write() -> None:
+                future.set_running_or_notify_cancel()
+                try:
+                    self._write(prepared, step, overwrite)
+                except BaseException as error:  # reported by the next call, or at exit
+                    future.set_exception(error)
+                else:
+                    future.set_result(None)
+
+            # A thread of its own (not a daemon: Python waits for it), not an executor:
+            # while Python exits neither may take new work, and the save is then written
+            # here instead (``_threads``).
+            thread = threading.Thread(target=write, name=f"jm-checkpoint step {step}")
             _inflight.track(future, f"step {step} to '{path}'")
             self._pending.append(future)
+            if not _threads.start(thread):
+                write()
         return True
 
     def _write(self, prepared: _directory.Prepared, step: int, overwrite: bool) -> None:
@@ -251,14 +262,9 @@ class CheckpointManager:
         return _directory.read(self._path(step), map_location)
 
     def close(self) -> None:
-        """Finish the save in flight and stop the background thread."""
+        """Finish the save in flight (its thread then ends)."""
         with self._lock:
-            try:
-                self._finish()
-            finally:
-                if self._executor is not None:
-                    self._executor.shutdown(wait=True)
-                    self._executor = None
+            self._finish()
 
     def __enter__(self) -> CheckpointManager:
         return self

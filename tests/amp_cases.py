@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-import torch
+from _torch import torch
 
 
 class Arrays:

@@ -1,9 +1,11 @@
 """Test configuration: a persistent compilation cache and strict JAX settings."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import _torch
 import jax
 import pytest
 
@@ -19,3 +21,34 @@ def _seed():
 
     jm.manual_seed(0)
     yield
+
+
+def pytest_report_header(config):
+    """Say which PyTorch the run compares with, or that tests needing it do not run."""
+    if _torch.INSTALLED:
+        return f"PyTorch {_torch.torch.__version__}: tests marked torch run"
+    here = Path(__file__).parent
+    modules = sum(_torch.module_marked_file(p) for p in here.glob("test_*.py"))
+    return (
+        f"PyTorch is not installed: tests marked torch do not run ({modules} test modules "
+        "are not collected, and marked tests elsewhere are deselected)"
+    )
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Without PyTorch, a module marked torch as a whole is not imported."""
+    if _torch.INSTALLED or collection_path.suffix != ".py":
+        return None
+    if collection_path.name.startswith("test_") and _torch.module_marked_file(collection_path):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without PyTorch, tests marked torch are deselected (counted as such in the summary)."""
+    if _torch.INSTALLED:
+        return
+    drop = [item for item in items if item.get_closest_marker("torch")]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if not item.get_closest_marker("torch")]

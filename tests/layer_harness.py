@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
+from _torch import torch
 
 import jmodule as jm
 

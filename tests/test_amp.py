@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from amp_cases import CASES, Arrays
 from torch_ref import dtype_name
 
@@ -67,6 +67,7 @@ def _kernel_ops(key: str) -> set[str]:
     }
 
 
+@pytest.mark.torch
 def test_cuda_lists_are_torchs_header_table():
     assert HEADER.exists(), f"torch's autocast header is not in the wheel: {HEADER}"
     table = _header_table()
@@ -77,6 +78,7 @@ def test_cuda_lists_are_torchs_header_table():
     assert {table["softmax"], table["layer_norm"], table["exp"]} <= {"fp32", "fp32_set_opt_dtype"}
 
 
+@pytest.mark.torch
 def test_cpu_ops_are_those_with_a_torch_autocast_cpu_kernel():
     assert set(_autocast.CPU) == _kernel_ops("AutocastCPU")
     assert not {"softmax", "layer_norm", "exp", "sum"} & set(_autocast.CPU)
@@ -171,6 +173,7 @@ def _module_cases():
 MODULES = _module_cases()
 
 
+@pytest.mark.torch
 def test_every_cpu_listed_op_jmodule_implements_has_a_case():
     ids = {name for name, _ in CASES} | set(MODULES)
     assert set(CPU_LISTED) <= _kernel_ops("AutocastCPU") | {"bmm"}
@@ -179,6 +182,7 @@ def test_every_cpu_listed_op_jmodule_implements_has_a_case():
     assert all(_autocast.CPU.get(op) for op in CPU_LISTED)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize(("name", "call"), [pytest.param(n, c, id=n) for n, c in CASES])
 def test_op_output_dtypes_match_torch_cpu_autocast(name, call, dtype):
@@ -205,6 +209,7 @@ def test_op_output_dtypes_match_torch_cpu_autocast(name, call, dtype):
     assert got == want
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("name", list(MODULES))
@@ -260,6 +265,7 @@ def _torch_loss(ref, x, y, amp):
     return logits, loss
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_loss_and_gradients_match_torch_cpu_autocast(compiled):
     ref, ours, x, y = _pair()
@@ -288,6 +294,7 @@ def test_loss_and_gradients_match_torch_cpu_autocast(compiled):
         assert np.max(np.abs(g - want)) <= 8 * 2.0**-8 * np.max(np.abs(want)), k
 
 
+@pytest.mark.torch
 def test_nested_disabled_region_and_decorator():
     x, w = jnp.ones((2, 3)), jnp.ones((4, 3))
     tx, tw = torch.ones(2, 3), torch.ones(4, 3)
@@ -310,6 +317,7 @@ def test_nested_disabled_region_and_decorator():
     assert not jm.amp.is_autocast_enabled("cpu")
 
 
+@pytest.mark.torch
 def test_dtype_options_match_torch():
     for dtype in ("float16", "bfloat16"):
         with torch.autocast("cpu", dtype=getattr(torch, dtype)):
@@ -322,6 +330,7 @@ def test_dtype_options_match_torch():
     assert str(torch.get_autocast_dtype("cpu")) == "torch.bfloat16"
 
 
+@pytest.mark.torch
 def test_unsupported_dtype_and_missing_cuda_warn_and_disable_as_torch():
     with pytest.warns(UserWarning) as want, torch.autocast("cpu", dtype=torch.float64):
         t = TF.linear(torch.ones(2, 3), torch.ones(4, 3))
@@ -360,6 +369,7 @@ def test_regions_are_per_thread():
     assert seen == {"enabled": False, "dtype": jnp.float32}
 
 
+@pytest.mark.torch
 def test_cuda_policy_from_torchs_table(monkeypatch):
     """Ops cast by CUDA's lists (read from torch's header) when JAX computes on a GPU.
 
@@ -428,6 +438,7 @@ def test_compiled_function_traced_outside_autocast_retraces_inside():
     assert jm.compile_stats(model).num_traces == 2
 
 
+@pytest.mark.torch
 def test_autocast_region_inside_a_compiled_training_step():
     torch.manual_seed(0)
     ref, ours = _tiny(torch.nn), _tiny(jm.nn)
@@ -510,6 +521,7 @@ def _jm_run(opt_name, clip, compiled):
     return trace, scaler.state_dict(), opt.state_dict(), fn
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("clip", [False, True], ids=["step", "unscale_clip_step"])
 @pytest.mark.parametrize("opt_name", list(OPTS))
@@ -530,6 +542,7 @@ def test_grad_scaler_sequence_matches_torch(opt_name, clip, compiled):
         assert jm.compile_stats(fn).num_traces == 1
 
 
+@pytest.mark.torch
 def test_grad_scaler_state_dict_round_trips_with_torch():
     ref = torch.amp.GradScaler("cpu", init_scale=4.0, growth_factor=3.0, growth_interval=7)
     ours = jm.amp.GradScaler("cpu", init_scale=4.0, growth_factor=3.0, growth_interval=7)
@@ -552,6 +565,7 @@ def test_grad_scaler_state_dict_round_trips_with_torch():
     assert str(got.value) == str(want.value)
 
 
+@pytest.mark.torch
 def test_grad_scaler_disabled_is_a_pass_through():
     ref = torch.amp.GradScaler("cpu", enabled=False)
     ours = jm.amp.GradScaler("cpu", enabled=False)
@@ -594,6 +608,7 @@ def _misuse(framework, what):
         scaler.update()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "what", ["unscale_twice", "unscale_after_step", "step_twice", "closure", "update_first"]
 )
@@ -605,6 +620,7 @@ def test_grad_scaler_misuse_raises_as_torch(what):
     assert (type(got.value), str(got.value)) == (type(want.value), str(want.value))
 
 
+@pytest.mark.torch
 def test_grad_scaler_refuses_float16_gradients_as_torch():
     def run(framework):
         if framework == "torch":
@@ -624,6 +640,7 @@ def test_grad_scaler_refuses_float16_gradients_as_torch():
     assert str(got.value) == str(want.value)
 
 
+@pytest.mark.torch
 def test_grad_scaler_scale_dtypes_match_torch():
     ref, ours = torch.amp.GradScaler("cpu"), jm.amp.GradScaler("cpu")
     for shape in [(), (3,)]:
@@ -669,6 +686,7 @@ def test_grad_scaler_in_compiled_step_must_be_passed_and_whole():
         reads_scale(holder, opt, jm.amp.GradScaler("cpu"), jnp.ones(2))
 
 
+@pytest.mark.torch
 def test_a_layer_first_called_inside_autocast_is_exact_outside_it():
     """Eager programs traced inside a region are not served outside it.
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
@@ -37,6 +37,7 @@ def _assert_grads_equal(ref, ours, rtol=1e-5, atol=1e-6):
             np.testing.assert_allclose(np.asarray(q.grad), p.grad.numpy(), rtol, atol, err_msg=name)
 
 
+@pytest.mark.torch
 def test_backward_matches_pytorch_and_accumulates():
     ref, ours = _pair()
     x = _data()
@@ -52,6 +53,7 @@ def test_backward_matches_pytorch_and_accumulates():
     assert int(ours[1].num_batches_tracked) == int(ref[1].num_batches_tracked) == 2
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_zero_grad_then_backward(set_to_none):
     ref, ours = _pair()
@@ -69,6 +71,7 @@ def test_zero_grad_then_backward(set_to_none):
             np.testing.assert_array_equal(np.asarray(q.grad), p.grad.numpy())
 
 
+@pytest.mark.torch
 def test_frozen_and_unused_parameters_get_no_grad_like_pytorch():
     torch.manual_seed(0)
     t_body, t_used, t_unused = (torch.nn.Linear(3, 4), torch.nn.Linear(4, 1), torch.nn.Linear(4, 1))
@@ -87,6 +90,7 @@ def test_frozen_and_unused_parameters_get_no_grad_like_pytorch():
     assert j_used.weight.grad is not None
 
 
+@pytest.mark.torch
 def test_non_scalar_loss_raises_pytorch_error():
     model = nn.Linear(3, 2)
     with pytest.raises(RuntimeError) as theirs:
@@ -146,6 +150,7 @@ def test_a_module_reached_through_a_class_attribute_is_differentiated():
     np.testing.assert_allclose(np.asarray(_Holder.model.bias.grad), np.full(2, 6.0))
 
 
+@pytest.mark.torch
 def test_grad_and_value_and_grad_keyed_like_state_dict():
     ref, ours = _pair()
     ref.eval()
@@ -195,6 +200,7 @@ def _np(g):
     return g.detach().numpy() if isinstance(g, torch.Tensor) else g
 
 
+@pytest.mark.torch
 def test_backward_hooks_order_values_and_replacement_match_pytorch():
     ref, ours, logs = _hooked_pair()
     x = _data()
@@ -217,6 +223,7 @@ def test_backward_hooks_order_values_and_replacement_match_pytorch():
     _assert_grads_equal(ref, ours, atol=1e-5)  # replacements flowed on to upstream parameters
 
 
+@pytest.mark.torch
 def test_backward_hooks_in_compiled_step_fire_at_trace_time_with_effect_every_call():
     _, ours, logs = _hooked_pair()
     eager = copy.deepcopy(ours)
@@ -257,6 +264,7 @@ def test_deprecated_backward_hook_warns_and_cannot_mix_with_full_hooks():
     assert seen == [1]
 
 
+@pytest.mark.torch
 def test_compiled_training_step_matches_eager_and_donates_old_weights():
     _, model = _pair()
     model.append(nn.Dropout(0.3))
@@ -291,6 +299,7 @@ def test_compiled_training_step_matches_eager_and_donates_old_weights():
     assert not before.is_deleted()
 
 
+@pytest.mark.torch
 def test_compiled_gradient_accumulation_reads_the_old_grads():
     _, model = _pair()
     eager = copy.deepcopy(model)

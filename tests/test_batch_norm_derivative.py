@@ -15,6 +15,8 @@ import torch
 import jmodule as jm
 from jmodule.nn import functional as F
 
+pytestmark = pytest.mark.torch
+
 
 @pytest.fixture
 def x64():

@@ -16,6 +16,8 @@ import torch
 import jmodule as jm
 from jmodule import nn
 
+pytestmark = pytest.mark.torch
+
 SEQ, DIM = 4, 3
 
 

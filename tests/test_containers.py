@@ -261,6 +261,7 @@ def _reworded(x):
     return [_reworded(v) for v in x] if isinstance(x, list) else x
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_container_scenario_matches_torch(name):
     t, j = outcomes(SCENARIOS[name])
@@ -268,6 +269,7 @@ def test_container_scenario_matches_torch(name):
     assert j == ("ok", _reworded(t[1]))
 
 
+@pytest.mark.torch
 def test_sequential_forward_values_match_torch():
     t, j = outcomes(
         lambda s: s.nn.Sequential(s.nn.ReLU(), s.nn.Sequential(s.nn.Identity()))(

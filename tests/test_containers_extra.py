@@ -122,6 +122,7 @@ def parameter_dict_update_forms(s):
     return log
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_container_scenario_matches_torch(name):
     t, j = outcomes(SCENARIOS[name])
@@ -129,6 +130,7 @@ def test_container_scenario_matches_torch(name):
     assert j == t
 
 
+@pytest.mark.torch
 def test_compiled_sequential_follows_append_insert_and_slicing():
     t_seq, j_seq = (
         side.nn.Sequential(side.nn.Linear(3, 4), side.nn.ReLU()) for side in (TORCH, JM)

@@ -16,7 +16,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule.nn import functional as F
@@ -118,6 +118,7 @@ def test_the_rule_picks_matmul_for_small_maps_on_the_cpu_only():
         assert not lowering.use_matmul((1, 1), backend)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_conv_layers_on_small_maps_match_torch(compiled):
     """nn.Conv1d/2d/3d through the matmul form: outputs and gradients as torch's."""

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 import jmodule.nn.functional as F
@@ -92,6 +92,7 @@ def _jm_step():
     return step
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("given", ["all", "trainable"])
@@ -133,6 +134,7 @@ def test_frozen_backbone_trains_its_head_like_torch(opt_name, compiled, given, h
         assert step.num_traces == 1
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
 def test_freezing_and_unfreezing_between_compiled_steps_recompiles_once_each(opt_name, caplog):
     tm, jmod = _pair(seed=3)
@@ -422,6 +424,7 @@ def test_a_parameter_first_read_inside_a_scan_is_differentiated():
     assert not isinstance(lin.weight.data, jax.core.Tracer)
 
 
+@pytest.mark.torch
 def test_step_closure_kind_is_seen_while_it_runs_whatever_the_names():
     torch.manual_seed(0)
     tm = torch.nn.Linear(4, 2)
@@ -513,6 +516,7 @@ def test_a_compiled_step_writes_small_gradients_packed_and_reads_give_them_back(
     assert all(np.all(np.asarray(p.grad) == 0) for p in model.parameters())
 
 
+@pytest.mark.torch
 def test_functional_call_inside_backward_differentiates_through_the_values_given():
     # MAML-style: the loss reads fast weights computed from the parameters, through
     # functional_call; the gradient reaches the parameters through them, as in torch.

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
@@ -35,6 +35,7 @@ def _torch_dtypes(module):
     return {k: ("int32" if v == "int64" else v) for k, v in out.items()}
 
 
+@pytest.mark.torch
 @pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
 @pytest.mark.filterwarnings("ignore:Casting complex values to real")
 @pytest.mark.parametrize(
@@ -59,6 +60,7 @@ def test_dtype_casts_follow_pytorch_rules(torch_cast, jm_cast):
     assert _dtypes(got) == _torch_dtypes(ref)
 
 
+@pytest.mark.torch
 def test_to_integer_dtype_is_refused_like_pytorch():
     with pytest.raises(TypeError) as ours:
         nn.Linear(2, 2).to(jm.int32)
@@ -84,6 +86,7 @@ def test_to_keeps_parameter_identity_and_values():
     assert model.weight.device == cpu
 
 
+@pytest.mark.torch
 def test_memory_format_accepts_torch_formats_and_rejects_junk():
     model = nn.Linear(2, 2)
     model.to(memory_format=torch.channels_last)
@@ -113,6 +116,7 @@ def test_unavailable_device_raises_listing_visible_devices(call):
     np.testing.assert_array_equal(model.weight, before)
 
 
+@pytest.mark.torch
 def test_device_names_parse_like_pytorch():
     for name in ["cpu", "cuda", "cuda:1", "meta", "xpu:0"]:
         ours, theirs = jm.device(name), torch.device(name)
@@ -181,6 +185,7 @@ def test_with_x64_double_works_and_counters_are_int64():
     assert result.stdout.strip() == "ok"
 
 
+@pytest.mark.torch
 def test_int64_state_becomes_int32_without_x64():
     bn = nn.BatchNorm1d(3)
     bn.load_state_dict(torch.nn.BatchNorm1d(3).state_dict())

@@ -9,8 +9,8 @@ import re
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import treescope
+from _torch import torch
 from flax import nnx
 from IPython.core.formatters import DisplayFormatter
 from treescope import layout_algorithms
@@ -61,6 +61,7 @@ def first_lines(text, head):
     return [line.strip() for line in text.splitlines() if line.strip().startswith(head)]
 
 
+@pytest.mark.torch
 def test_print_model_stays_pytorch_text():
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
     torch_model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))

@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
+
+TF = torch.nn.functional
 
 F = jm.nn.functional
 
@@ -44,6 +45,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_distance_module_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
@@ -65,6 +67,7 @@ def _grad_pair(torch_fn, jm_fn, *arrays):
     return [np.asarray(g) for g in grads], [leaf.grad.numpy() for leaf in leaves]
 
 
+@pytest.mark.torch
 def test_pairwise_distance_every_norm_matches_torch():
     for p in [*_P, -1, -math.inf]:
         for keepdim in (False, True):
@@ -84,6 +87,7 @@ def test_pairwise_distance_every_norm_matches_torch():
                 np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6, err_msg=str(p))
 
 
+@pytest.mark.torch
 def test_pairwise_distance_adds_eps_to_the_difference_and_takes_scalars_and_ints():
     zeros = np.zeros((2, 3), np.float32)
     for eps in (1e-6, 0.5):
@@ -100,6 +104,7 @@ def test_pairwise_distance_adds_eps_to_the_difference_and_takes_scalars_and_ints
     np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-6)
 
 
+@pytest.mark.torch
 def test_cosine_similarity_clamps_each_norm_like_torch():
     # Norms 1e-5 each: their product (1e-10) is below eps = 1e-8 but neither norm is,
     # so PyTorch 2.x (per-norm clamping) gives exactly 1, not 1e-10 / 1e-8.
@@ -116,6 +121,7 @@ def test_cosine_similarity_clamps_each_norm_like_torch():
     assert float(F.cosine_similarity(jnp.float32(2.0), jnp.float32(-3.0), dim=0)) == want.item()
 
 
+@pytest.mark.torch
 def test_cosine_similarity_gradients_pass_through_the_clamp_like_torch():
     # A zero row and a row whose norm is below eps: PyTorch's clamp runs under no_grad,
     # so the gradient flows through the norm as if unclamped.
@@ -127,6 +133,7 @@ def test_cosine_similarity_gradients_pass_through_the_clamp_like_torch():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("p", _P)
 def test_pdist_values_and_gradients_match_torch(p):
     x = np.concatenate([_X, _X[:1]])  # a repeated row: a zero distance
@@ -139,6 +146,7 @@ def test_pdist_values_and_gradients_match_torch(p):
         np.testing.assert_allclose(g[0], w[0], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_pdist_of_fewer_than_two_rows_is_empty_like_torch():
     for n in (0, 1):
         x = np.ones((n, 3), np.float32)
@@ -162,6 +170,7 @@ def _torch_error(fn):
     return info.value
 
 
+@pytest.mark.torch
 def test_errors_match_torch():
     x, y = torch.from_numpy(_X), torch.from_numpy(_Y)
     ints = np.ones((3, 4), np.int64)

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from _dist_models import BIG_CONFIG, Big, as_float, batch, classifier, run_steps, values
+from _torch import torch
 
 import jmodule as jm
 import jmodule.distributed as dist
@@ -316,6 +316,7 @@ def test_meta_init_of_a_310b_parameter_model_takes_no_memory():
 # ------------------------------------------------------------------ SyncBatchNorm (1 device)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("training", [True, False])
 def test_sync_batchnorm_without_an_axis_matches_torch(training):
     x = np.random.default_rng(0).standard_normal((6, 3, 5)).astype(np.float32)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from jax import monitoring
 
 import jmodule as jm
@@ -99,6 +99,7 @@ def _data(shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype), rng.integers(0, 3, shape[0])
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("which", sorted(_MODELS))
 def test_sgd_steps_match_torch_float64(which):
     """Five eager SGD-momentum steps: parameters, gradients and buffers equal torch's."""
@@ -131,6 +132,7 @@ def test_sgd_steps_match_torch_float64(which):
             np.testing.assert_allclose(np.asarray(b), tb.numpy(), atol=1e-12, err_msg=name)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("which", sorted(_MODELS))
 def test_nothing_compiles_from_the_third_step(which):
     make, shape = _MODELS[which]
@@ -215,6 +217,7 @@ def test_user_code_in_the_closure_is_differentiated_as_jax_grad(name):
             np.testing.assert_allclose(np.asarray(w.grad), np.asarray(want), atol=1e-12)
 
 
+@pytest.mark.torch
 def test_models_match_jax_grad_of_the_functional_model():
     with jax.enable_x64(True):
         for which, (make, shape) in sorted(_MODELS.items()):
@@ -352,6 +355,7 @@ def test_a_wrong_input_size_names_the_layer_in_a_fused_sequential():
             run()
 
 
+@pytest.mark.torch
 def test_a_library_module_that_reads_values_runs_eagerly():
     """nn.Embedding's max_norm renormalises on the host: it falls back to eager calls."""
     emb = nn.Sequential(nn.Embedding(10, 4, max_norm=1.0))
@@ -374,6 +378,7 @@ def test_tape_values_kept_after_the_step_lower_to_arrays():
     np.testing.assert_allclose(np.asarray(v + 0), np.asarray(m(jnp.ones((1, 3)))), rtol=1e-6)
 
 
+@pytest.mark.torch
 def test_a_model_made_again_reuses_the_compiled_step():
     """Re-running the notebook cell that makes the model: no new trace, nothing compiled."""
 
@@ -440,6 +445,7 @@ def _rprop_step(model, opt, x, y):
     return loss
 
 
+@pytest.mark.torch
 def test_a_changed_attribute_retraces_with_its_path_in_the_reason():
     model = _UserNet.build(jm.nn, branch=False)
     step = jm.compile(lambda m, x: m(x).sum())

@@ -13,7 +13,7 @@ import einops.layers.torch as einops_torch
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
@@ -43,6 +43,7 @@ def _id(case):
     return f"{case[1] or 'rearrange'}: {case[0]}"
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("case", LAYERS, ids=_id)
 def test_layer_matches_einops_torch_eagerly_and_compiled(case):
     t_layer, j_layer = _make(einops_torch, *case), _make(nn, *case)
@@ -67,6 +68,7 @@ def _load_torch_weights(j_model, t_model):
     j_model.load_state_dict({k: v.detach().numpy() for k, v in t_model.state_dict().items()})
 
 
+@pytest.mark.torch
 def test_in_sequential_eager_and_compiled_as_torch():
     torch.manual_seed(0)
     t_model = _cnn(torch.nn, einops_torch)
@@ -79,6 +81,7 @@ def test_in_sequential_eager_and_compiled_as_torch():
     np.testing.assert_allclose(np.asarray(j_model(jnp.asarray(X))), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_training_step_in_jm_compile_as_torch():
     torch.manual_seed(1)
     t_model = _cnn(torch.nn, einops_torch)
@@ -111,6 +114,7 @@ def test_training_step_in_jm_compile_as_torch():
     assert step.num_traces == 1
 
 
+@pytest.mark.torch
 def test_layers_compute_on_parameters():
     w = nn.Parameter(jnp.asarray(X[0]))
     t_w = torch.from_numpy(X[0])
@@ -130,6 +134,7 @@ def test_invalid_patterns_fail_at_construction_as_einops_layers_do():
         assert str(j_error.value) == t_text
 
 
+@pytest.mark.torch
 def test_wrong_input_rank_is_einops_error():
     # einops.rearrange's error (einops' torch layer raises a bare KeyError instead)
     with pytest.raises(einops.EinopsError) as t_error:
@@ -182,6 +187,7 @@ def test_einmix_has_no_jm_layer_and_says_so():
         nn.Sequential(mix)
 
 
+@pytest.mark.torch
 def test_other_non_modules_keep_the_plain_message():
     with pytest.raises(TypeError) as t_error:
         torch.nn.Sequential().add_module("x", 3)

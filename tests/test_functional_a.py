@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 
 import jmodule.nn.functional as F
+
+TF = torch.nn.functional
 
 RNG = np.random.default_rng(0)
 X4 = RNG.standard_normal((2, 3, 5, 6)).astype(np.float32)
@@ -33,6 +34,7 @@ def same(got, want, rtol=1e-5, atol=1e-6):
 # ----------------------------------------------------------------------------- pad
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
 @pytest.mark.parametrize(
     ("x", "pad"),
@@ -49,12 +51,14 @@ def test_pad_modes(x, pad, mode):
     same(F.pad(jnp.asarray(x), pad, mode=mode), TF.pad(torch.from_numpy(x), pad, mode=mode))
 
 
+@pytest.mark.torch
 def test_pad_constant_value_and_any_rank():
     x = RNG.standard_normal((2, 3, 2, 2, 2, 2)).astype(np.float32)
     pad = (1, 0, 0, 2, 1, 1, 0, 1, 2, 0)
     same(F.pad(jnp.asarray(x), pad, value=2.5), TF.pad(torch.from_numpy(x), pad, value=2.5))
 
 
+@pytest.mark.torch
 def test_pad_gradients_match():
     x = torch.from_numpy(X4).requires_grad_(True)
     cot = RNG.standard_normal((2, 3, 7, 9)).astype(np.float32)
@@ -90,6 +94,7 @@ def test_pad_errors(args, kwargs, error, match):
 # ----------------------------------------------------------------------------- interpolate
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bicubic", "area"])
 @pytest.mark.parametrize(
     "kwargs",
@@ -111,6 +116,7 @@ def test_interpolate_2d(mode, kwargs):
         same(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("x", "mode", "kwargs"),
     [
@@ -127,6 +133,7 @@ def test_interpolate_1d_3d(x, mode, kwargs):
     same(got, TF.interpolate(torch.from_numpy(x), mode=mode, **kwargs), atol=1e-5)
 
 
+@pytest.mark.torch
 def test_interpolate_half_precision_and_jit():
     x = jnp.asarray(X4, jnp.bfloat16)
     got = jax.jit(lambda v: F.interpolate(v, scale_factor=2, mode="bilinear"))(x)
@@ -171,6 +178,7 @@ def test_interpolate_errors(x, kwargs, error, match):
 # ----------------------------------------------------------------------------- one_hot
 
 
+@pytest.mark.torch
 def test_one_hot_matches_pytorch():
     labels = np.array([[0, 3], [4, 1]])
     same(F.one_hot(jnp.asarray(labels)), TF.one_hot(torch.from_numpy(labels)))
@@ -196,11 +204,13 @@ def test_one_hot_errors():
 # ----------------------------------------------------------------------------- normalize
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("p", "dim"), [(2.0, 1), (1.0, -1), (3.0, 2), (float("inf"), 1), (0.5, 0)])
 def test_normalize_matches_pytorch(p, dim):
     same(F.normalize(jnp.asarray(X4), p, dim), TF.normalize(torch.from_numpy(X4), p, dim))
 
 
+@pytest.mark.torch
 def test_normalize_zero_vector_and_its_gradient():
     x = np.zeros((2, 3), np.float32)
     x[1] = [3.0, 0.0, 4.0]
@@ -217,6 +227,7 @@ def test_normalize_zero_vector_and_its_gradient():
 # ----------------------------------------------------------------------------- softmax, activations
 
 
+@pytest.mark.torch
 def test_softmax_implicit_dim_warns_and_matches():
     for x in (X3, X4, X3[0, 0]):
         with pytest.warns(UserWarning, match="Implicit dimension choice for softmax"):
@@ -227,6 +238,7 @@ def test_softmax_implicit_dim_warns_and_matches():
         same(got, want)
 
 
+@pytest.mark.torch
 def test_softmax_dtype_argument():
     got = F.log_softmax(jnp.asarray(X3, jnp.bfloat16), dim=-1, dtype=jnp.float32)
     assert got.dtype == jnp.float32
@@ -234,6 +246,7 @@ def test_softmax_dtype_argument():
     same(got, want)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("name", "kwargs"),
     [
@@ -267,6 +280,7 @@ def test_activation_functions_match(name, kwargs):
     )
 
 
+@pytest.mark.torch
 def test_prelu_per_channel_and_errors():
     w = np.array([0.1, 0.2, 0.3], np.float32)
     same(
@@ -286,12 +300,14 @@ def test_prelu_per_channel_and_errors():
 # ----------------------------------------------------------------------------- normalisation
 
 
+@pytest.mark.torch
 def test_rms_norm_default_eps_follows_compute_dtype():
     x = torch.from_numpy(0.01 * X3).bfloat16()
     got = F.rms_norm(jnp.asarray(x.float().numpy(), jnp.bfloat16), (7,))
     same(got.astype(jnp.float32), TF.rms_norm(x, (7,)).float(), rtol=0, atol=0.02)
 
 
+@pytest.mark.torch
 def test_instance_norm_update_matches_pytorch_in_place_update():
     rm, rv = np.zeros(3, np.float32), np.ones(3, np.float32)
     trm, trv = torch.from_numpy(rm.copy()), torch.from_numpy(rv.copy())
@@ -304,6 +320,7 @@ def test_instance_norm_update_matches_pytorch_in_place_update():
     same(new_rv, trv)
 
 
+@pytest.mark.torch
 def test_functional_norms_match():
     w, b = RNG.standard_normal(3).astype(np.float32), RNG.standard_normal(3).astype(np.float32)
     tw, tb = torch.from_numpy(w), torch.from_numpy(b)
@@ -321,6 +338,7 @@ def test_functional_norms_match():
 # ----------------------------------------------------------------------------- embedding, misc
 
 
+@pytest.mark.torch
 def test_embedding_max_norm_on_a_plain_array():
     table = RNG.standard_normal((6, 4)).astype(np.float32) * 2
     idx = np.array([1, 3, 3])
@@ -329,6 +347,7 @@ def test_embedding_max_norm_on_a_plain_array():
     same(got, TF.embedding(torch.from_numpy(idx), tt, max_norm=1.0))
 
 
+@pytest.mark.torch
 def test_embedding_bag_offsets_and_empty_bags():
     table = RNG.standard_normal((10, 3)).astype(np.float32)
     idx, off = np.array([1, 2, 4, 5, 4, 3, 2, 9]), np.array([0, 2, 2, 5])
@@ -340,6 +359,7 @@ def test_embedding_bag_offsets_and_empty_bags():
         same(got, want)
 
 
+@pytest.mark.torch
 def test_shuffles_and_bilinear():
     same(
         F.pixel_shuffle(jnp.asarray(X4[:, :, :4]).reshape(1, 12, 2, 6), 2),
@@ -358,6 +378,7 @@ def test_shuffles_and_bilinear():
     same(F.bilinear(a, b, w), TF.bilinear(*map(torch.from_numpy, (a, b, w))))
 
 
+@pytest.mark.torch
 def test_conv_functional_forms():
     w = RNG.standard_normal((6, 1, 3, 2)).astype(np.float32)
     kw = {"stride": (1, 2), "padding": (2, 1), "dilation": 2, "groups": 3}
@@ -375,6 +396,7 @@ def test_conv_functional_forms():
     )
 
 
+@pytest.mark.torch
 def test_pooling_functional_forms():
     x = torch.from_numpy(X4)
     same(
@@ -395,6 +417,7 @@ def test_pooling_functional_forms():
     same(F.adaptive_avg_pool1d(jnp.asarray(X3), 3), TF.adaptive_avg_pool1d(torch.from_numpy(X3), 3))
 
 
+@pytest.mark.torch
 def test_max_pool_gradient_goes_to_the_first_maximum():
     # Ties (ReLU zeros, repeated values): PyTorch sends the gradient to the
     # first maximum of each window; so must the plain and dilated paths.
@@ -423,6 +446,7 @@ def test_integer_inputs_are_refused_where_pytorch_refuses(fn, name):
         fn(jnp.ones((1, 2, 4, 6), jnp.int32))
 
 
+@pytest.mark.torch
 def test_integer_inputs_work_where_pytorch_allows_them():
     # Nearest resampling and max pooling work on integers, as PyTorch's.
     x = np.arange(48, dtype=np.uint8).reshape(1, 2, 4, 6)

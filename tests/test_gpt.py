@@ -15,6 +15,8 @@ from torch_ref import JM, TORCH
 
 import jmodule as jm
 
+pytestmark = pytest.mark.torch
+
 VOCAB, CTX, D, HEADS, BATCH = 32, 8, 16, 2, 2
 
 

@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 
 import jmodule.nn.functional as F
+
+TF = torch.nn.functional
 
 RNG = np.random.default_rng(0)
 MODES = ["bilinear", "nearest", "bicubic"]
@@ -54,6 +55,7 @@ def _parity(x, g, mode, padding, align, rtol=1e-5, atol=2e-5):
     np.testing.assert_allclose(np.asarray(gg), tg.grad.numpy(), rtol, atol * 5)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", PADDINGS)
 @pytest.mark.parametrize("mode", MODES)
@@ -61,6 +63,7 @@ def test_grid_sample_4d_matches_torch(mode, padding, align):
     _parity(X4, G4, mode, padding, align)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", PADDINGS)
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
@@ -68,6 +71,7 @@ def test_grid_sample_5d_matches_torch(mode, padding, align):
     _parity(X5, G5, mode, padding, align)
 
 
+@pytest.mark.torch
 def test_nearest_rounds_half_to_even():
     x = np.arange(4, dtype=np.float32).reshape(1, 1, 1, 4)
     # align_corners=False, W=4: pixel coordinate 2 * g + 1.5, so g = 0 -> 1.5, g = 0.5 -> 2.5
@@ -77,6 +81,7 @@ def test_nearest_rounds_half_to_even():
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize(
     ("size", "shape"), [((2, 3, 4, 5), (2, 2, 3)), ((2, 1, 2, 3, 4), (2, 3, 4))]
@@ -93,6 +98,7 @@ def test_affine_grid_matches_torch(size, shape, align):
     np.testing.assert_allclose(np.asarray(grad), tt.grad.numpy(), 1e-5, 1e-5)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("dims", [2, 3])
 def test_identity_spatial_transformer_round_trip(dims, align):
@@ -105,6 +111,7 @@ def test_identity_spatial_transformer_round_trip(dims, align):
     np.testing.assert_allclose(np.asarray(got), x, 1e-5, 1e-5)
 
 
+@pytest.mark.torch
 def test_rotation_under_jit_matches_torch():
     angle = 0.3
     theta = np.array(
@@ -141,6 +148,7 @@ def test_default_align_corners_warns_like_torch():
 Z = np.zeros
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("x", "g", "kwargs", "error", "match"),
     [
@@ -164,6 +172,7 @@ def test_grid_sample_errors_match_torch(x, g, kwargs, error, match):
         F.grid_sample(jnp.asarray(x), jnp.asarray(g), align_corners=False, **kwargs)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("theta", "size", "error", "match"),
     [

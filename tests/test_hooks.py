@@ -34,6 +34,7 @@ def _logger(log, tag, result=None, with_kwargs=False, kind="pre"):
 # ------------------------------------------------------------------ order
 
 
+@pytest.mark.torch
 def test_hook_order_with_prepend_matches_torch():
     def run(s):
         log = []
@@ -67,6 +68,7 @@ def test_hook_order_with_prepend_matches_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_global_hooks_fire_before_module_hooks_for_every_module():
     def run(s):
         log = []
@@ -104,6 +106,7 @@ def test_global_hooks_are_exported_from_nn():
     assert nn.register_module_forward_pre_hook is nn.modules.module.register_module_forward_pre_hook
 
 
+@pytest.mark.torch
 def test_nested_modules_hooks_order_matches_torch():
     def run(s):
         log = []
@@ -139,6 +142,7 @@ PRE_RETURNS = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("ret", list(PRE_RETURNS))
 def test_pre_hook_return_replaces_args_like_torch(ret):
     def run(s):
@@ -167,6 +171,7 @@ WITH_KWARGS_RETURNS = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("ret", list(WITH_KWARGS_RETURNS))
 def test_pre_hook_with_kwargs_replaces_args_and_kwargs_like_torch(ret):
     def run(s):
@@ -184,6 +189,7 @@ def test_pre_hook_with_kwargs_replaces_args_and_kwargs_like_torch(ret):
     assert t[:2] == ("raise", "RuntimeError") if ret.startswith("bad") else t[0] == "ok"
 
 
+@pytest.mark.torch
 def test_forward_hooks_chain_replacements_like_torch():
     def run(s):
         log = []
@@ -202,6 +208,7 @@ def test_forward_hooks_chain_replacements_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_kwargs_reach_forward_but_not_plain_hooks():
     def run(s):
         log = []
@@ -239,6 +246,7 @@ def _always_call_scenario(s, failing):
     return log
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("failing", ["none", "forward", "pre-hook", "forward-hook"])
 def test_always_call_hooks_run_when_the_call_raises_like_torch(failing):
     t, j = outcomes(lambda s: _always_call_scenario(s, failing))
@@ -249,6 +257,7 @@ def test_always_call_hooks_run_when_the_call_raises_like_torch(failing):
         assert "always" in tags and "plain-last" not in tags and tags[-1] == "raised"
 
 
+@pytest.mark.torch
 def test_failing_always_call_hook_is_silenced_with_a_warning_like_torch():
     def run(s):
         m = cls(s, "Boom")()
@@ -268,6 +277,7 @@ def test_failing_always_call_hook_is_silenced_with_a_warning_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_global_always_call_hook_runs_when_forward_raises():
     def run(s):
         log = []
@@ -289,6 +299,7 @@ def test_global_always_call_hook_runs_when_forward_raises():
 # ------------------------------------------------------------------ RemovableHandle
 
 
+@pytest.mark.torch
 def test_removable_handle_remove_and_context_manager_match_torch():
     def run(s):
         log = []
@@ -329,6 +340,7 @@ def test_removable_handle_is_exported_and_survives_module_deletion():
     h.remove()  # the hooks dict is gone: nothing to do, no error
 
 
+@pytest.mark.torch
 def test_hooks_survive_deepcopy_and_see_the_copy():
     for s in SIDES:
         m = _add(s)

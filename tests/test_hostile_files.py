@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 import jmodule.jit
@@ -106,6 +106,7 @@ def _bounded(cases: list[tuple[str, str, Path]], timeout: float = 120.0) -> dict
 # ------------------------------------------------------------------ item 3: small files, big loads
 
 
+@pytest.mark.torch
 def test_pickle_dag_loads_shared_instead_of_expanding(tmp_path):
     # torch.save pickles shared lists once, through the memo: 2**30 paths in ~1 KB.
     leaf: list = [torch.arange(3, dtype=torch.float32)]
@@ -120,6 +121,7 @@ def test_pickle_dag_loads_shared_instead_of_expanding(tmp_path):
     assert result == {"loaded": True, "shared": True, "depth": 30, "leaf": leaf[0].tolist()}
 
 
+@pytest.mark.torch
 def test_tiny_storage_viewed_as_a_huge_shape_is_refused(tmp_path):
     huge = torch.zeros(1).expand(8192, 8192)
     assert huge.stride() == (0, 0) and huge.untyped_storage().nbytes() == 4
@@ -153,6 +155,7 @@ def _peak_bytes_while(fn) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.torch
 def test_deflated_zip_records_are_refused_before_inflating(tmp_path):
     n = 16 << 20  # 64 MiB of float32 zeros, which deflate to ~64 KiB
     torch.save({"x": torch.zeros(n)}, tmp_path / "big.pt")

@@ -1,7 +1,7 @@
 """In-place ``torch.Tensor`` methods on jax arrays explain themselves (issue 27).
 
 Hugging Face-style ``from_pretrained`` does ``model.state_dict()[k].copy_(w)``; here
-``state_dict()`` values are ``jax.Array`` s, which are immutable. ``jmodule/_hints.py``
+``state_dict()`` values are ``jax.Array`` s, which are immutable. ``jmodule/_array_patches.py``
 gives JAX's array and tracer classes properties for the common in-place names that
 raise ``AttributeError`` (so ``hasattr`` stays False) saying what to do instead; the
 ways it names (``load_state_dict``, ``state_dict(keep_vars=True)``, whose values are
@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
-from jmodule._hints import INPLACE
+from jmodule._array_patches import INPLACE
 
 
 def _model(nn_):
@@ -28,6 +28,7 @@ def _torch_weights(seed=0):
     return {k: v.detach().numpy().copy() for k, v in _model(torch.nn).state_dict().items()}
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", sorted(INPLACE))
 def test_every_hinted_name_raises_attribute_error_with_the_hint(name):
     x = jnp.ones(3)
@@ -84,6 +85,7 @@ def test_jax_array_methods_are_unaffected():
     np.testing.assert_array_equal(jax.jit(traced)(x), x.mean(axis=0))
 
 
+@pytest.mark.torch
 def test_state_dict_keep_vars_gives_the_parameters_and_copy_updates_the_module():
     weights = _torch_weights()
     want = _model(torch.nn)
@@ -114,6 +116,7 @@ def test_state_dict_keep_vars_gives_the_parameters_and_copy_updates_the_module()
         np.testing.assert_array_equal(np.asarray(v), weights[k])
 
 
+@pytest.mark.torch
 def test_copy_under_no_grad_updates_the_module_and_compiled_calls_see_it():
     weights = _torch_weights(seed=1)
     model = _model(nn)
@@ -144,6 +147,7 @@ def test_copy_under_no_grad_updates_the_module_and_compiled_calls_see_it():
     )
 
 
+@pytest.mark.torch
 def test_load_state_dict_is_the_other_way():
     weights = _torch_weights(seed=2)
     model = _model(nn)

@@ -360,6 +360,7 @@ def _state(model: nn.Module) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
 def test_code_reexecutes_to_forward_output(case):
     # The code runs under jax.jit over a dict of state (one compilation, not one per
@@ -413,6 +414,7 @@ def test_code_runs_eagerly_on_the_module_itself():
     np.testing.assert_array_equal(jm.random.default_generator.get_state(), want_key)
 
 
+@pytest.mark.torch
 def test_the_layer_list_covers_the_required_layers_and_the_table():
     covered = {c.name for c in CASES}
     assert covered >= REQUIRED

@@ -10,7 +10,7 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 import jmodule.jit
@@ -65,6 +65,7 @@ def _outcome(fn):
     return None
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("how", ["script", "ScriptModule"])
 @pytest.mark.parametrize("name,change", CHANGES, ids=[c[0] for c in CHANGES])
 def test_structure_changes_raise_as_torchscript_and_change_nothing(how, name, change):
@@ -91,6 +92,7 @@ def test_the_message_says_to_change_the_wrapped_module():
         sm.add_module("x", nn.ReLU())
 
 
+@pytest.mark.torch
 def test_existing_parameters_and_buffers_can_be_replaced_as_in_torch():
     ts = _torch_script()
     ts[0].weight = torch.nn.Parameter(torch.zeros(2, 2))

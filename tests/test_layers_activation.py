@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
@@ -54,11 +54,13 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_activation_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
 
 
+@pytest.mark.torch
 def test_softmax_module_without_dim_warns_like_pytorch():
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     with pytest.warns(UserWarning, match="Implicit dimension choice for softmax"):

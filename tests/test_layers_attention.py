@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
+
+TF = torch.nn.functional
 
 F = jm.nn.functional
 L, S, N, E = 4, 5, 2, 8
@@ -66,6 +67,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_attention_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
@@ -86,6 +88,7 @@ def _pair(seed=0):
     return ref, ours
 
 
+@pytest.mark.torch
 def test_self_attention_with_one_array_uses_the_packed_projection_and_matches():
     ref, ours = _pair()
     x = np.random.default_rng(0).standard_normal((L, N, E)).astype(np.float32)
@@ -96,6 +99,7 @@ def test_self_attention_with_one_array_uses_the_packed_projection_and_matches():
                                rtol=1e-5, atol=1e-6)  # fmt: skip
 
 
+@pytest.mark.torch
 def test_fully_masked_rows_nan_with_weights_zero_without_like_torch():
     ref, ours = _pair(1)
     x = np.random.default_rng(1).standard_normal((L, N, E)).astype(np.float32)
@@ -141,6 +145,7 @@ SDPA_CASES = {
 }
 
 
+@pytest.mark.torch
 def test_sdpa_causal_with_a_mask_raises_like_torch():
     expected = _torch_raises(
         lambda: TF.scaled_dot_product_attention(
@@ -154,6 +159,7 @@ def test_sdpa_causal_with_a_mask_raises_like_torch():
     assert str(info.value).startswith(str(expected))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", list(SDPA_CASES))
 def test_scaled_dot_product_attention_matches_torch(name):
     kwargs = SDPA_CASES[name]
@@ -174,6 +180,7 @@ def test_scaled_dot_product_attention_matches_torch(name):
         np.testing.assert_allclose(np.asarray(g), leaf.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.torch
 def test_sdpa_grouped_query_and_unbatched_match_torch():
     q = np.random.default_rng(10).standard_normal((1, 4, L, 4)).astype(np.float32)
     want = TF.scaled_dot_product_attention(
@@ -200,6 +207,7 @@ def test_sdpa_dropout_is_seeded_and_compiles_like_eager():
     assert not np.allclose(eager, F.scaled_dot_product_attention(_Q, _K, _V))
 
 
+@pytest.mark.torch
 def test_multi_head_attention_forward_separate_weights_and_static_kv_match_torch():
     rng = np.random.default_rng(12)
     q = rng.standard_normal((L, N, E)).astype(np.float32)
@@ -231,6 +239,7 @@ def test_multi_head_attention_forward_separate_weights_and_static_kv_match_torch
             np.testing.assert_allclose(np.asarray(g), t.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch
 def test_errors_name_expected_and_given_shapes():
     _, ours = _pair()
     x = np.zeros((L, N, E), np.float32)

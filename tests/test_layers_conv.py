@@ -78,6 +78,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_conv_matches_pytorch(check, case):
     ALL_CHECKS[check](case)

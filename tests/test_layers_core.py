@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
+pytestmark = pytest.mark.torch
+
 
 def _x(*shape):
     return lambda rng: (rng.standard_normal(shape).astype(np.float32),)

@@ -10,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
 import jmodule.nn.functional as F
+
+TF = torch.nn.functional
 
 
 def _x(*shape):
@@ -64,6 +65,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_fold_unpool_layers_match_pytorch(check, case):
     ALL_CHECKS[check](case)
@@ -102,6 +104,7 @@ UNFOLD_ARGS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("args", "batched"), UNFOLD_ARGS, ids=str)
 def test_unfold_fold_functional(args, batched):
     k, d, p, s = args
@@ -112,6 +115,7 @@ def test_unfold_fold_functional(args, batched):
     _compare(lambda a: F.fold(a, (7, 6), k, d, p, s), lambda a: TF.fold(a, (7, 6), k, d, p, s), y)
 
 
+@pytest.mark.torch
 def test_fold_sums_overlaps_and_empty_batch():
     y = np.ones((1, 4, 9), np.float32)
     np.testing.assert_array_equal(
@@ -132,6 +136,7 @@ LP_ARGS = [  # (nd, shape, norm_type, kernel_size, stride, ceil_mode); inputs ha
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("nd", "shape", "p", "k", "s", "ceil"), LP_ARGS)
 def test_lp_pool_functional(nd, shape, p, k, s, ceil):
     nan = p not in (2, float("inf"))  # negative window sums: NaN roots, as PyTorch
@@ -144,6 +149,7 @@ def test_lp_pool_functional(nd, shape, p, k, s, ceil):
     )
 
 
+@pytest.mark.torch
 def test_lp_pool_zero_window_has_zero_gradient():
     x = np.array([[[0.0, 0.0, 1.0, -2.0]]], np.float32)
     _compare(lambda a: F.lp_pool1d(a, 2, 2), lambda a: TF.lp_pool1d(a, 2, 2), x)
@@ -161,6 +167,7 @@ UNPOOL_ARGS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("args", UNPOOL_ARGS, ids=str)
 def test_max_unpool_functional_with_jmodule_indices(args):
     nd, shape, pool, size = args
@@ -177,6 +184,7 @@ def test_max_unpool_functional_with_jmodule_indices(args):
     )
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_max_pool_with_indices_aliases(nd):
     x = _rand(*(2, 3, 5, 6, 7)[: nd + 2])
@@ -194,6 +202,7 @@ def _both_raise(jm_call, torch_call, exc, match):
         jm_call()
 
 
+@pytest.mark.torch
 def test_fold_unpool_errors_match_pytorch():
     x, c = _rand(2, 3, 5, 6), _rand(2, 12, 9)
     cases = [

@@ -11,7 +11,7 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
@@ -99,6 +99,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_layer_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
@@ -116,6 +117,7 @@ def _both(name, args, x, train=True):
     return ref(torch.from_numpy(x)).numpy(), np.asarray(ours(jnp.asarray(x)))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("name", "shape"),
     [
@@ -143,6 +145,7 @@ def test_channel_dropout_statistics(name, shape):
     assert abs(drop_j - p) < 0.07 and abs(drop_t - p) < 0.07
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["AlphaDropout", "FeatureAlphaDropout"])
 def test_alpha_dropout_statistics(name):
     p = 0.2
@@ -165,6 +168,7 @@ def test_alpha_dropout_statistics(name):
     np.testing.assert_allclose(maps[1][2:], maps[0][2:], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.torch
 def test_rrelu_training_slopes():
     x = -np.abs(np.random.default_rng(0).standard_normal(20000)).astype(np.float32) - 0.1
     want, got = _both("RReLU", (0.1, 0.4), x)
@@ -191,6 +195,7 @@ def test_random_layers_compiled_draw_like_eager(name):
     assert not np.array_equal(np.asarray(compiled(x)), np.asarray(compiled(x)))
 
 
+@pytest.mark.torch
 def test_dropout2d_on_3d_input_warns_and_drops_dim1_channels():
     x = np.ones((64, 8, 5), np.float32)
     with pytest.warns(UserWarning, match="Received a 3D input to dropout2d"):
@@ -216,6 +221,7 @@ def test_dropout_variants_errors():
 # ----------------------------------------------------------------------------- embeddings
 
 
+@pytest.mark.torch
 def test_embedding_from_pretrained_and_padding_row():
     table = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     ours = jm.nn.Embedding.from_pretrained(jnp.asarray(table), padding_idx=1)
@@ -230,6 +236,7 @@ def test_embedding_from_pretrained_and_padding_row():
     assert np.all(np.asarray(jm.nn.Embedding(6, 4, padding_idx=-2).weight)[4] == 0)
 
 
+@pytest.mark.torch
 def test_embedding_bag_from_pretrained():
     table = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     ours = jm.nn.EmbeddingBag.from_pretrained(jnp.asarray(table), mode="max", freeze=False)
@@ -268,6 +275,7 @@ def test_embedding_errors():
         bag(jnp.array([1, 2]), jnp.array([1]))
 
 
+@pytest.mark.torch
 def test_embedding_max_norm_renormalises_inside_compiled_calls():
     torch.manual_seed(0)
     ref = torch.nn.Embedding(10, 4, max_norm=1.0)
@@ -336,6 +344,7 @@ META_LAYERS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("name", "args"), META_LAYERS, ids=[n for n, _ in META_LAYERS])
 def test_meta_construction_then_to_empty(name, args):
     with jm.device("meta"):

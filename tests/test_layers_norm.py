@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
@@ -56,11 +56,13 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_norm_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
 
 
+@pytest.mark.torch
 def test_instance_norm_channel_mismatch():
     x = np.random.default_rng(0).standard_normal((2, 4, 5)).astype(np.float32)
     with pytest.raises(

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
@@ -68,11 +68,13 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_rnn_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["rnn_tanh_cell", "rnn_relu_cell", "lstm_cell", "gru_cell"])
 def test_functional_cells_match_torch(name):
     rng = np.random.default_rng(7)
@@ -90,6 +92,7 @@ def test_functional_cells_match_torch(name):
         np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_rnn_parameter_groups_and_flatten_parameters_like_torch():
     ref = torch.nn.LSTM(IN, H, num_layers=2, bidirectional=True, proj_size=2)
     ours = jm.nn.LSTM(IN, H, num_layers=2, bidirectional=True, proj_size=2)
@@ -124,6 +127,7 @@ def test_rnn_dropout_between_layers():
     assert all(np.isfinite(np.asarray(g)).all() for g in grads.values())
 
 
+@pytest.mark.torch
 def test_rnn_long_sequence_bfloat16_stays_close():
     # The hidden state is carried in float32, so 64 bfloat16 steps stay near float32.
     ref = torch.nn.LSTM(IN, H)
@@ -157,6 +161,7 @@ CONSTRUCTION_ERRORS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("name", "args", "kwargs"), CONSTRUCTION_ERRORS)
 def test_construction_errors_match_torch(name, args, kwargs):
     expected = _torch_raises(lambda: getattr(torch.nn, name)(*args, **kwargs))
@@ -165,6 +170,7 @@ def test_construction_errors_match_torch(name, args, kwargs):
     assert str(info.value) == str(expected)
 
 
+@pytest.mark.torch
 def test_dropout_with_one_layer_warns_like_torch():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -18,6 +18,8 @@ from torch_ref import JM, TORCH, outcomes, state_of
 import jmodule as jm
 from jmodule import nn
 
+pytestmark = pytest.mark.torch
+
 
 def _model(side=JM):
     return side.nn.Sequential(side.nn.Linear(3, 2), side.nn.BatchNorm1d(2))

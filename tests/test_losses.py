@@ -19,6 +19,8 @@ from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
 
+pytestmark = pytest.mark.torch
+
 F = jm.nn.functional
 
 # Loss modules have no parameters (only weight buffers): the init check has nothing to see.

@@ -13,11 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
+
+TF = torch.nn.functional
 
 F = jm.nn.functional
 
@@ -141,6 +142,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_loss_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
@@ -169,6 +171,7 @@ FUNCTIONAL = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", list(FUNCTIONAL))
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_functional_loss_matches_torch(name, reduction):
@@ -190,6 +193,7 @@ def _compare(name, args, kwargs, rtol=1e-5):
                                err_msg=f"{name} {kwargs}")  # fmt: skip
 
 
+@pytest.mark.torch
 def test_options_match_torch():
     pos = np.abs(_X) + 0.05
     counts = np.array(
@@ -214,6 +218,7 @@ def test_options_match_torch():
     _compare("multilabel_soft_margin_loss", (_X, _LABELS), {"weight": weight[:, None][:3]})
 
 
+@pytest.mark.torch
 def test_unbatched_and_broadcast_inputs_match_torch():
     _compare("multi_margin_loss", (_X[0], np.array(2)), {"reduction": "none"})
     _compare("multi_margin_loss", (_X[0], np.array([2])), {"reduction": "none"})  # (1,) out
@@ -238,6 +243,7 @@ def test_unbatched_and_broadcast_inputs_match_torch():
     _compare("triplet_margin_with_distance_loss", (_X[0], _Y[0], _VAR[0]), {"reduction": "none"})
 
 
+@pytest.mark.torch
 def test_gradients_of_the_functional_losses_match_torch():
     cases = [
         ("soft_margin_loss", (_X * 40, _SIGNS), {}),  # large margins: still finite
@@ -265,6 +271,7 @@ def test_gradients_of_the_functional_losses_match_torch():
                                    err_msg=name)  # fmt: skip
 
 
+@pytest.mark.torch
 def test_gaussian_variance_clamp_passes_gradients_like_torch():
     # var below eps: clamped in the value, yet its gradient is that of the clamped
     # point, as PyTorch's no_grad in-place clamp gives.
@@ -276,6 +283,7 @@ def test_gaussian_variance_clamp_passes_gradients_like_torch():
     assert np.all(np.asarray(grad)[:, :2] != 0)
 
 
+@pytest.mark.torch
 def test_losses_compile_under_jit_with_traced_targets():
     # Value checks (target range, negative variance) cannot run on traced values; the
     # losses themselves compile once and match torch.
@@ -300,6 +308,7 @@ def test_losses_compile_under_jit_with_traced_targets():
                                    want.numpy(), rtol=1e-5)  # fmt: skip
 
 
+@pytest.mark.torch
 def test_legacy_size_average_and_reduce_map_and_warn_like_torch():
     names = ["hinge_embedding_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
              "poisson_nll_loss", "multi_margin_loss", "multilabel_margin_loss"]  # fmt: skip
@@ -325,6 +334,7 @@ def test_legacy_size_average_and_reduce_map_and_warn_like_torch():
         assert ours.reduction == ref.reduction == "sum"
 
 
+@pytest.mark.torch
 def test_weights_are_buffers_and_reprs_match_torch():
     for name in ("MultiMarginLoss", "MultiLabelSoftMarginLoss"):
         ref = getattr(torch.nn, name)(weight=W4)
@@ -361,6 +371,7 @@ def _t(*arrays):
     return [torch.from_numpy(np.asarray(a)) for a in arrays]
 
 
+@pytest.mark.torch
 def test_errors_match_torch():
     x, y, t, ml, var, signs = _t(_X, _Y, _T, _ML, _VAR, _SIGNS)
     cases = [

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import optim
@@ -113,6 +113,7 @@ def _momenta(opt):
     return [(g.get("momentum"), g.get("betas")) for g in opt.param_groups]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_sequence_matches_torch(case, optimizer):
@@ -132,6 +133,7 @@ def test_sequence_matches_torch(case, optimizer):
     assert sorted(jsched.state_dict()) == sorted(tsched.state_dict())
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -153,6 +155,7 @@ def test_reduce_on_plateau_matches_torch(kwargs):
     assert sorted(jsched.state_dict()) == sorted(tsched.state_dict())
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "case", ["CosineAnnealingLR", "LambdaLR", "SequentialLR", "OneCycleLR-cos"]
 )
@@ -172,6 +175,7 @@ def test_state_dict_resumes_the_sequence(case):
         assert sched2.get_last_lr() == sched.get_last_lr()
 
 
+@pytest.mark.torch
 def test_warnings_match_torch():
     topt, jopt = _pair()
     tsched = torch.optim.lr_scheduler.StepLR(topt, 2)
@@ -188,6 +192,7 @@ def test_warnings_match_torch():
     assert jsched.get_last_lr() == tsched.get_last_lr()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "build",
     [
@@ -211,6 +216,7 @@ def test_errors_match_torch(build):
         build(jopt, optim.lr_scheduler)
 
 
+@pytest.mark.torch
 def test_one_cycle_past_the_end_raises_like_torch():
     topt, jopt = _pair()
     scheds = [
@@ -257,6 +263,7 @@ def test_lr_changes_reach_a_compiled_step_without_retracing():
     assert math.isclose(sched.get_last_lr()[0], opt.param_groups[0]["lr"])
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("T_mult", [1, 2])
 def test_warm_restarts_with_fractional_epochs_match_torch(T_mult):
     topt, jopt = _pair()
@@ -280,6 +287,7 @@ def test_warm_restarts_with_fractional_epochs_match_torch(T_mult):
     assert sorted(jsched.state_dict()) == sorted(tsched.state_dict())
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["SGD", "Adam"])
 def test_cyclic_state_dict_resumes_and_keeps_a_callable_scale_object(name):
     kwargs = {"momentum": 0.9} if name == "SGD" else {}
@@ -310,6 +318,7 @@ def test_cyclic_state_dict_resumes_and_keeps_a_callable_scale_object(name):
         assert _momenta(jopt2) == _momenta(jopt)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "build",
     [

@@ -13,11 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 
 import jmodule as jm
 from jmodule.nn import functional as F
+
+TF = torch.nn.functional
 
 CONFIGS = [
     (1, {"kernel_size": 3, "stride": 1}),
@@ -49,6 +50,7 @@ def _torch(nd, x, kwargs):
     return out.detach().numpy(), idx.numpy(), xt.grad.numpy(), cot
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("nd", "kwargs"), CONFIGS)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_values_indices_and_gradients_match_torch(nd, kwargs, seed):
@@ -90,6 +92,7 @@ def test_forward_mode_agrees_with_reverse_mode(nd, kwargs):
     assert float(jnp.abs(fwd_rev).sum()) > 0
 
 
+@pytest.mark.torch
 def test_module_in_a_compiled_training_step_matches_torch():
     # MaxPool2d as ResNet uses it (after a ReLU: ties at zero in every window).
     torch.manual_seed(0)
@@ -110,6 +113,7 @@ def test_module_in_a_compiled_training_step_matches_torch():
         np.testing.assert_allclose(np.asarray(p.grad), tp.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch
 def test_integer_inputs_pool_by_the_same_rule():
     x = np.random.default_rng(0).integers(-3, 3, (2, 3, 7, 7)).astype(np.int32)
     out, idx = F.max_pool2d(jnp.asarray(x), 3, 2, 1, return_indices=True)
@@ -118,6 +122,7 @@ def test_integer_inputs_pool_by_the_same_rule():
     np.testing.assert_array_equal(np.asarray(idx), t_idx.numpy())
 
 
+@pytest.mark.torch
 def test_windows_past_the_slice_limit_pick_torch_indices_too():
     # More than TAP_LIMIT elements per window: reduce_window, with the same rule for
     # the values and indices (its gradient goes to the first maximum).

@@ -12,7 +12,7 @@ import pickle
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from torch_ref import (
     FORWARD_IN,
     JM,
@@ -64,6 +64,7 @@ def _base(s):
 # ------------------------------------------------------------------ construction
 
 
+@pytest.mark.torch
 def test_module_init_rejects_arguments_like_torch():
     for args, kwargs in [((1,), {}), ((1, 2), {}), ((), {"x": 1})]:
         t, j = outcomes(lambda s, a=args, k=kwargs: s.nn.Module(*a, **k))
@@ -71,6 +72,7 @@ def test_module_init_rejects_arguments_like_torch():
         assert j == t
 
 
+@pytest.mark.torch
 def test_call_super_init_forwards_arguments_like_torch():
     def make(s):
         class Mixin:
@@ -87,6 +89,7 @@ def test_call_super_init_forwards_arguments_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_base_forward_is_not_implemented():
     t, j = outcomes(lambda s: s.nn.Module()(1))
     assert t[:2] == ("raise", "NotImplementedError")
@@ -114,6 +117,7 @@ def _jm_names_param_type(torch_outcome, value_kind):
     return torch_outcome
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("op", ["register_parameter", "register_buffer", "add_module"])
 @pytest.mark.parametrize("value", list(REG_VALUES))
 def test_registration_results_and_errors_match_torch(op, value):
@@ -133,6 +137,7 @@ def test_registration_results_and_errors_match_torch(op, value):
         assert j == t, (op, name, value)
 
 
+@pytest.mark.torch
 def test_register_module_is_add_module():
     for name in REG_NAMES:
         for value in REG_VALUES.values():
@@ -141,6 +146,7 @@ def test_register_module_is_add_module():
             )
 
 
+@pytest.mark.torch
 def test_register_buffer_persistence_and_reregistration_match_torch():
     def steps(s):
         m = s.nn.Module()
@@ -173,6 +179,7 @@ SET_VALUES = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("value", list(SET_VALUES))
 def test_setattr_routing_matches_torch(value):
     for name in SET_NAMES:
@@ -189,6 +196,7 @@ def test_setattr_routing_matches_torch(value):
         assert j == t, (name, value)
 
 
+@pytest.mark.torch
 def test_setattr_messages_name_the_wrong_type():
     m = _base(JM)
     with pytest.raises(TypeError, match=r"cannot assign 'int' as parameter 'p' \(jmodule"):
@@ -199,6 +207,7 @@ def test_setattr_messages_name_the_wrong_type():
         m.buf = "no"
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", [*SET_NAMES, "missing"])
 def test_getattr_and_delattr_match_torch(name):
     t, j = outcomes(lambda s: canon(getattr(_base(s), name)))
@@ -213,12 +222,14 @@ def test_getattr_and_delattr_match_torch(name):
     assert j == t
 
 
+@pytest.mark.torch
 def test_getattr_error_message_is_torchs():
     t, j = outcomes(lambda s: cls(s, "Net")().missing_thing)
     assert t == ("raise", "AttributeError", "'Net' object has no attribute 'missing_thing'")
     assert j == t
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "kind", ["param", "module", "buffer", "reg_buffer", "reg_param", "add_module", "plain"]
 )
@@ -248,6 +259,7 @@ def test_assignment_before_init_matches_torch(kind):
     assert j == t
 
 
+@pytest.mark.torch
 def test_dir_lists_members_and_containers_hide_indices():
     def listing(s):
         names = ("stem", "blocks", "scale", "offset", "cache", "unused", "empty", "nothing")
@@ -289,6 +301,7 @@ _EXTRA_TARGETS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 @pytest.mark.parametrize("method", ["get_submodule", "get_parameter", "get_buffer"])
 def test_get_submodule_parameter_buffer_match_torch(name, method):
@@ -301,6 +314,7 @@ def test_get_submodule_parameter_buffer_match_torch(name, method):
         assert outcome(lambda tg=target: getattr(j, method)(tg)) == expected, target
 
 
+@pytest.mark.torch
 def test_get_parameter_and_buffer_return_the_registered_objects():
     j = cls(JM, "Net")()
     assert j.get_parameter("blocks.1.0.weight") is j.blocks[1][0].weight
@@ -329,6 +343,7 @@ SET_TARGETS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("target", SET_TARGETS)
 def test_set_submodule_matches_torch(target):
     values = {"linear": lambda s: s.nn.Linear(1, 1), "int": lambda s: 3, "none": lambda s: None}
@@ -345,6 +360,7 @@ def test_set_submodule_matches_torch(target):
             assert j == t, (target, strict)
 
 
+@pytest.mark.torch
 def test_set_submodule_puts_the_given_object():
     j = cls(JM, "Net")()
     new = nn.Linear(6, 6)
@@ -356,6 +372,7 @@ def test_set_submodule_puts_the_given_object():
 # ------------------------------------------------------------------ iteration
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 def test_named_modules_and_children_match_torch(name):
     t, j = build(name)
@@ -373,6 +390,7 @@ def test_named_modules_and_children_match_torch(name):
     assert canon(list(j.children())) == canon(list(t.children()))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 def test_named_parameters_and_buffers_match_torch(name):
     t, j = build(name)
@@ -392,6 +410,7 @@ def test_named_parameters_and_buffers_match_torch(name):
         assert canon(list(j.buffers(recurse=recurse))) == canon(list(t.buffers(recurse=recurse)))
 
 
+@pytest.mark.torch
 def test_iteration_yields_registered_objects():
     j = cls(JM, "Tied")()
     params = dict(j.named_parameters())
@@ -402,6 +421,7 @@ def test_iteration_yields_registered_objects():
     assert next(iter(j.named_modules(remove_duplicate=False)))[1] is j
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["net", "tied", "deep"])
 def test_named_modules_memo_matches_torch(name):
     t, j = build(name)
@@ -414,6 +434,7 @@ def test_named_modules_memo_matches_torch(name):
     assert len(results[0][0]) < len(list(t.named_modules()))
 
 
+@pytest.mark.torch
 def test_named_modules_memo_is_filled_only_when_removing_duplicates():
     for remove_duplicate in (True, False):
         sizes = []
@@ -427,6 +448,7 @@ def test_named_modules_memo_is_filled_only_when_removing_duplicates():
 # ------------------------------------------------------------------ apply, modes, grads
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 def test_apply_visits_children_first_like_torch(name):
     t, j = build(name)
@@ -441,6 +463,7 @@ def test_apply_visits_children_first_like_torch(name):
     assert orders[1] == orders[0]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 def test_train_eval_flags_match_torch(name):
     def flags(s):
@@ -465,6 +488,7 @@ def test_train_eval_flags_match_torch(name):
     assert j == t
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("mode", ["True", 1, None, 0.0])
 def test_train_rejects_non_bool_like_torch(mode):
     t, j = outcomes(lambda s: s.nn.Linear(1, 1).train(mode))
@@ -472,6 +496,7 @@ def test_train_rejects_non_bool_like_torch(mode):
     assert j == t
 
 
+@pytest.mark.torch
 def test_requires_grad_matches_torch():
     def flags(s):
         m = cls(s, "Net")()
@@ -489,6 +514,7 @@ def test_requires_grad_matches_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_zero_grad_matches_torch():
     def grads(s):
         m = cls(s, "Tied")()
@@ -509,6 +535,7 @@ def test_zero_grad_matches_torch():
 # ------------------------------------------------------------------ repr
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 def test_repr_is_torchs(name):
     t, j = build(name)
@@ -516,6 +543,7 @@ def test_repr_is_torchs(name):
     assert str(j) == str(t)
 
 
+@pytest.mark.torch
 def test_repr_with_custom_extra_repr_and_none_children():
     def text(s):
         m = cls(s, "Extra")()
@@ -529,6 +557,7 @@ def test_repr_with_custom_extra_repr_and_none_children():
     assert j == t
 
 
+@pytest.mark.torch
 def test_jupyter_html_exists_and_names_the_tree():
     import treescope
 
@@ -553,6 +582,7 @@ def _pickle_copy(m):
     return pickle.loads(pickle.dumps(m))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("copier", [copy.deepcopy, _pickle_copy], ids=["deepcopy", "pickle"])
 @pytest.mark.parametrize("name", ["net", "tied", "params", "extra", "deep"])
 def test_copies_keep_structure_state_and_sharing_like_torch(copier, name):
@@ -568,6 +598,7 @@ def test_copies_keep_structure_state_and_sharing_like_torch(copier, name):
         assert jc.state_dict()["_extra_state"] == tc.state_dict()["_extra_state"]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("copier", [copy.deepcopy, _pickle_copy], ids=["deepcopy", "pickle"])
 def test_copy_is_independent_of_original(copier):
     results = []
@@ -592,6 +623,7 @@ def double_output(module, args, output):  # module level so pickle can find it
     return output * 2
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("copier", [copy.deepcopy, _pickle_copy], ids=["deepcopy", "pickle"])
 def test_copies_keep_hooks_and_training_mode(copier):
     t, j = build("mlp")
@@ -607,6 +639,7 @@ def test_copies_keep_hooks_and_training_mode(copier):
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("copier", [copy.deepcopy, _pickle_copy], ids=["deepcopy", "pickle"])
 def test_compiled_module_still_works_after_copy(copier):
     t, j = build("net")
@@ -630,6 +663,7 @@ def test_compiled_module_still_works_after_copy(copier):
 # ------------------------------------------------------------------ layers against torch
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", FORWARD_TREES)
 def test_forward_in_eval_matches_torch(name):
     t, j = build(name)
@@ -639,6 +673,7 @@ def test_forward_in_eval_matches_torch(name):
     np.testing.assert_allclose(out_j, out_t, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["bn", "bn_cumulative", "bn_untracked", "net", "linear", "tied"])
 def test_training_steps_match_torch_outputs_and_running_stats(name):
     t, j = build(name)
@@ -652,6 +687,7 @@ def test_training_steps_match_torch_outputs_and_running_stats(name):
     np.testing.assert_allclose(out_j, out_t, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.torch
 def test_batchnorm_counts_batches_and_cumulative_average_like_torch():
     t, j = build("bn_cumulative")
     batches = [inputs(4 + k, 3, seed=k) for k in range(5)]
@@ -666,6 +702,7 @@ def test_batchnorm_counts_batches_and_cumulative_average_like_torch():
     np.testing.assert_allclose(to_numpy(j.running_var), to_numpy(t.running_var), rtol=1e-5)
 
 
+@pytest.mark.torch
 def test_batchnorm_three_dimensional_input_matches_torch():
     t, j = build("bn")
     x = np.random.default_rng(3).standard_normal((4, 3, 5)).astype(np.float32)
@@ -676,12 +713,14 @@ def test_batchnorm_three_dimensional_input_matches_torch():
     assert_same_state(t, j, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_batchnorm_rejects_wrong_rank_like_torch():
     t, j = outcomes(lambda s: s.nn.BatchNorm1d(3)(s.arr(np.ones((2, 3, 4, 5)))))
     assert t == ("raise", "ValueError", "expected 2D or 3D input (got 4D input)")
     assert j == t
 
 
+@pytest.mark.torch
 def test_default_init_has_torchs_state_layout_and_distributions():
     for make in (
         lambda s: s.nn.Linear(64, 32),
@@ -718,6 +757,7 @@ DTYPE_LAYERS = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", list(DTYPE_TOL))
 @pytest.mark.parametrize("layer", list(DTYPE_LAYERS))
 def test_layers_match_torch_per_dtype(layer, dtype):
@@ -740,6 +780,7 @@ def test_layers_match_torch_per_dtype(layer, dtype):
     assert_same_state(t, j, rtol=tol, atol=tol)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("shape", [(3,), (2, 5, 3)])
 def test_linear_accepts_any_leading_shape_like_torch(shape):
     t, j = build("linear")
@@ -748,6 +789,7 @@ def test_linear_accepts_any_leading_shape_like_torch(shape):
     np.testing.assert_allclose(to_numpy(j(jnp.asarray(x))), to_numpy(out_t), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_dropout_matches_torch_where_deterministic():
     x = np.random.default_rng(0).standard_normal((50, 40)).astype(np.float32)
     for p in (0.0, 0.3, 1.0):
@@ -775,6 +817,7 @@ def test_dropout_draws_fresh_masks_and_repeats_after_reseeding():
     np.testing.assert_array_equal(np.asarray(d(x)), np.asarray(a))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("p", [-0.1, 1.5])
 def test_dropout_rejects_bad_probability_like_torch(p):
     t, j = outcomes(lambda s: s.nn.Dropout(p))
@@ -782,6 +825,7 @@ def test_dropout_rejects_bad_probability_like_torch(p):
     assert j == t
 
 
+@pytest.mark.torch
 def test_identity_and_relu_match_torch():
     def run(s):
         x = s.arr([[-1.0, 0.0, 2.5]])

@@ -24,6 +24,8 @@ import torch
 
 import jmodule as jm
 
+pytestmark = pytest.mark.torch
+
 VOCAB, BLOCK, LAYERS, HEADS, EMBD = 32, 8, 2, 2, 16
 BATCH, ACCUM, STEPS = 4, 2, 6
 LR, MIN_LR, WARMUP, DECAY_ITERS, WEIGHT_DECAY = 6e-3, 6e-4, 2, STEPS, 0.1

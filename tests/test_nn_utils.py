@@ -20,6 +20,8 @@ from torch_ref import normalize
 
 import jmodule as jm
 
+pytestmark = pytest.mark.torch
+
 RNG = np.random.default_rng(0)
 SHAPES = [(3, 4), (5,), (2, 3, 2)]
 

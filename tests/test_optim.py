@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import optim
@@ -142,6 +142,7 @@ def _to_torch(sd: dict) -> dict:
 # ---------------------------------------------------------------------------- arithmetic
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_ten_steps_match_torch(name, kwargs):
     init, grads = _data()
@@ -154,6 +155,7 @@ def test_ten_steps_match_torch(name, kwargs):
     _assert_state_dicts(jopt.state_dict(), topt.state_dict())
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "name, kwargs",
     [
@@ -195,6 +197,7 @@ def test_state_dict_interchanges_with_torch(name, kwargs):
     _assert_state_dicts(jopt2.state_dict(), topt.state_dict())
 
 
+@pytest.mark.torch
 def test_options_changed_between_steps_follow_torch():
     """Momentum switched on after some steps: torch starts the buffer then, and so does jm."""
     init, grads = _data(seed=2)
@@ -211,6 +214,7 @@ def test_options_changed_between_steps_follow_torch():
     _assert_state_dicts(jopt.state_dict(), topt.state_dict())
 
 
+@pytest.mark.torch
 def test_parameters_without_grad_are_skipped_and_keep_no_state():
     init, grads = _data(seed=3, steps=3)
     tp, topt, jp, jopt = _pair("Adam", {"lr": 0.1}, init)
@@ -237,6 +241,7 @@ def test_step_updates_parameters_in_place_and_state_is_keyed_by_parameter():
     np.testing.assert_array_equal(opt.state[weight]["momentum_buffer"], np.ones((2, 3)))
 
 
+@pytest.mark.torch
 def test_low_precision_state_keeps_the_parameter_dtype():
     p = jm.nn.Parameter(jnp.ones(4, jnp.bfloat16))
     tp = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
@@ -256,6 +261,7 @@ def test_low_precision_state_keeps_the_parameter_dtype():
     )
 
 
+@pytest.mark.torch
 def test_state_dict_round_trips_through_a_jm_checkpoint(tmp_path):
     from jmodule import serialization
 
@@ -319,6 +325,7 @@ BAD_ARGS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name, kwargs", BAD_ARGS, ids=[f"{n}-{kw}" for n, kw in BAD_ARGS])
 def test_constructor_errors_match_torch(name, kwargs):
     with pytest.raises(Exception) as expected:
@@ -327,6 +334,7 @@ def test_constructor_errors_match_torch(name, kwargs):
         getattr(optim, name)([jm.nn.Parameter(jnp.ones(2))], **kwargs)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "name",
     [
@@ -352,6 +360,7 @@ def test_param_groups_and_repr_match_torch(name):
         assert jopt.state_dict() == topt.state_dict()
 
 
+@pytest.mark.torch
 def test_named_parameters_give_param_names_like_torch():
     tm, jmod = torch.nn.Linear(2, 2), jm.nn.Linear(2, 2)
     topt = torch.optim.SGD(tm.named_parameters(), lr=0.1)
@@ -361,6 +370,7 @@ def test_named_parameters_give_param_names_like_torch():
         jopt.add_param_group({"params": [jm.nn.Parameter(jnp.ones(1))]})
 
 
+@pytest.mark.torch
 def test_add_param_group_errors_match_torch():
     t, j = torch.nn.Parameter(torch.ones(2)), jm.nn.Parameter(jnp.ones(2))
     topt, jopt = torch.optim.SGD([t], lr=0.1), optim.SGD([j], lr=0.1)
@@ -390,6 +400,7 @@ def test_zero_grad(set_to_none):
         np.testing.assert_array_equal(p.grad, np.zeros(2))
 
 
+@pytest.mark.torch
 def test_load_state_dict_errors_match_torch_and_change_nothing():
     t, j = (
         [torch.nn.Parameter(torch.ones(2)) for _ in range(2)],
@@ -509,6 +520,7 @@ def _models(seed: int = 5):
     return tm, out, x, y
 
 
+@pytest.mark.torch
 def test_step_with_pytorch_style_closure_matches_torch():
     tm, (jmod, _), x, y = _models()
     topt = torch.optim.SGD(tm.parameters(), lr=0.1, momentum=0.9)
@@ -532,6 +544,7 @@ def test_step_with_pytorch_style_closure_matches_torch():
         np.testing.assert_allclose(np.asarray(j.data), _np(t), rtol=RTOL, atol=ATOL, err_msg=name)
 
 
+@pytest.mark.torch
 def test_step_with_loss_only_closure_differentiates_it():
     tm, (jmod, _), x, y = _models(seed=6)
     topt = torch.optim.Adam(tm.parameters(), lr=0.05)
@@ -559,6 +572,7 @@ def test_step_with_loss_only_closure_differentiates_it():
         np.testing.assert_allclose(np.asarray(j.grad), _np(t.grad), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.torch
 def test_closure_hiding_its_backward_in_a_helper_is_pytorch_style():
     _, (jmod, ref), x, _ = _models()
     opt = optim.SGD(jmod.parameters(), lr=0.1)
@@ -661,6 +675,7 @@ def test_compiled_step_with_wrapped_optax_matches_eager(make):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.torch
 def test_compiled_step_with_loss_only_closure():
     _, (eager, compiled), x, y = _models(seed=8)
     opts = [optim.Adam(m.parameters(), lr=0.05) for m in (eager, compiled)]
@@ -717,6 +732,7 @@ def test_hyperparameters_changed_inside_a_compiled_step_raise():
         step2(model, opt, jnp.ones(3))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", ["SGD", "AdamW", "Adafactor"])
 def test_an_empty_param_group_is_allowed_as_in_torch(name, compiled):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from test_lr_scheduler import CASES as SCHEDULES
 from test_optim import CASES, IDS
 
@@ -114,16 +114,19 @@ def _run(name: str, kwargs: dict, schedule=None):
                 np.testing.assert_allclose(jv, tv.numpy(), rtol=TOL, atol=TOL, err_msg=k)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_float64_training_matches_torch_float64(name, kwargs):
     _run(name, kwargs)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("case", list(SCHEDULES))
 def test_float64_scheduled_training_matches_torch_float64(case):
     _run("SGD", {"lr": 0.1, "momentum": 0.9}, SCHEDULES[case])
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_sgd_moves_a_float64_weight_by_float64_lr(compiled):
     tw = torch.zeros(3, dtype=torch.float64, requires_grad=True)

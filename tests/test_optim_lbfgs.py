@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import optim
@@ -92,6 +92,7 @@ OPTIONS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("kwargs", OPTIONS, ids=["fixed-step", "strong_wolfe"])
 def test_float64_steps_match_torch(kwargs):
     with jax.enable_x64(True):
@@ -113,6 +114,7 @@ def test_float64_steps_match_torch(kwargs):
         _assert_state(jopt, topt, 1e-10)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("line_search_fn", [None, "strong_wolfe"])
 def test_float32_step_and_loss_only_closure_match_torch(line_search_fn):
     tm, jmod, x, y = _setup(torch.float32, seed=1)
@@ -137,6 +139,7 @@ def test_float32_step_and_loss_only_closure_match_torch(line_search_fn):
     assert (jstate["func_evals"], jstate["n_iter"]) == (tstate["func_evals"], tstate["n_iter"])
 
 
+@pytest.mark.torch
 def test_state_dict_from_torch_resumes_the_iterates():
     kwargs = {"max_iter": 3, "history_size": 4, "line_search_fn": "strong_wolfe"}
     with jax.enable_x64(True):
@@ -176,6 +179,7 @@ def test_step_inside_jm_compile_raises_with_the_reason():
     assert "cannot branch on values" in COMPILE_HELP
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "build",
     [
@@ -196,6 +200,7 @@ def optim_of(ps):
     return torch.optim.LBFGS if isinstance(ps[0], torch.Tensor) else optim.LBFGS
 
 
+@pytest.mark.torch
 def test_unknown_line_search_raises_like_torch():
     tp, jp = torch.nn.Parameter(torch.ones(2)), jm.nn.Parameter(jnp.ones(2))
     topt = torch.optim.LBFGS([tp], line_search_fn="armijo")

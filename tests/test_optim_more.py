@@ -18,6 +18,8 @@ from test_optim import _assert_state_dicts, _np
 import jmodule as jm
 from jmodule import optim
 
+pytestmark = pytest.mark.torch
+
 TOL = 1e-10
 
 

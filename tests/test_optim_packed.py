@@ -20,6 +20,8 @@ from jmodule import optim
 from jmodule.optim import PackedState
 from jmodule.optim._packed import PACK_MAX_ELEMENTS
 
+pytestmark = pytest.mark.torch
+
 CASES = [
     ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.3}),
     ("Adam", {"lr": 0.01}),

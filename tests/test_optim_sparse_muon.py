@@ -20,6 +20,8 @@ import torch
 import jmodule as jm
 from jmodule import optim
 
+pytestmark = pytest.mark.torch
+
 # ---------------------------------------------------------------------------- harness
 
 

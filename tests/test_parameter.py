@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from torch_ref import JM, SIDES, TORCH, canon, dtype_name, outcome, outcomes, to_numpy
 
 import jmodule as jm
@@ -96,6 +96,7 @@ OPERATORS = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("expr", list(OPERATORS))
 def test_operators_give_torchs_values(expr):
     def run(s):
@@ -107,6 +108,7 @@ def test_operators_give_torchs_values(expr):
     assert j == t
 
 
+@pytest.mark.torch
 def test_operator_results_are_plain_arrays():
     o = _operands(JM)
     for expr in ("p + q", "2 - p", "p < q", "-p", "p[0]", "p @ v"):
@@ -132,6 +134,7 @@ FUNCTIONS = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", list(FUNCTIONS))
 def test_jnp_and_jax_nn_functions_accept_parameters(name):
     torch_fn, jax_fn = FUNCTIONS[name]
@@ -140,6 +143,7 @@ def test_jnp_and_jax_nn_functions_accept_parameters(name):
     assert canon(jax_fn(JM.param(P))) == expected
 
 
+@pytest.mark.torch
 def test_parameters_go_through_jax_transformations():
     p = JM.param(P)
     np.testing.assert_allclose(np.asarray(jax.jit(lambda w: w * 2)(p)), P * 2)
@@ -149,6 +153,7 @@ def test_parameters_go_through_jax_transformations():
     np.testing.assert_allclose(np.asarray(jax.lax.add(p.data, p.data)), P * 2)
 
 
+@pytest.mark.torch
 def test_numpy_arrays_on_the_left_defer_to_the_parameter():
     p = JM.param(P)
     np.testing.assert_allclose(np.asarray(np.ones_like(P) - p), 1 - P)
@@ -158,6 +163,7 @@ def test_numpy_arrays_on_the_left_defer_to_the_parameter():
 # ------------------------------------------------------------------ attributes
 
 
+@pytest.mark.torch
 def test_data_grad_requires_grad_shape_dtype_device_like_torch():
     def run(s):
         p = s.param(P)
@@ -186,12 +192,14 @@ def _device_kind(p):
     return device.type if isinstance(device, torch.device) else device.platform
 
 
+@pytest.mark.torch
 def test_device_is_the_arrays_device():
     p = JM.param(P)
     assert p.device == p.data.device
     assert p.sharding == p.data.sharding
 
 
+@pytest.mark.torch
 def test_default_and_converted_construction_like_torch():
     def run(s):
         np_source = np.arange(4, dtype=np.float32)
@@ -208,6 +216,7 @@ def test_default_and_converted_construction_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_parameter_from_numpy_torch_and_bfloat16_tensors():
     np.testing.assert_array_equal(np.asarray(nn.Parameter(P)), P)
     from_torch = nn.Parameter(torch.from_numpy(P))
@@ -218,6 +227,7 @@ def test_parameter_from_numpy_torch_and_bfloat16_tensors():
     np.testing.assert_array_equal(to_numpy(p), to_numpy(bf16))
 
 
+@pytest.mark.torch
 def test_integer_parameters_cannot_require_grad_like_torch():
     def run(s):
         ints = s.arr(IP, dtype="int64")
@@ -236,11 +246,13 @@ def test_integer_parameters_cannot_require_grad_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_repr_starts_like_torchs():
     for s in SIDES:
         assert repr(s.param(V)).startswith("Parameter containing:\n")
 
 
+@pytest.mark.torch
 def test_parameters_hash_by_identity_like_torch():
     for s in SIDES:
         a, b = s.param(V), s.param(V)
@@ -268,6 +280,7 @@ def test_augmented_assignment_updates_the_parameter_in_place_as_torch():
 # ------------------------------------------------------------------ copying
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "copier",
     [copy.deepcopy, lambda x: pickle.loads(pickle.dumps(x))],
@@ -289,6 +302,7 @@ def test_copies_keep_value_and_requires_grad_and_drop_grad_like_torch(copier):
     assert j == t
 
 
+@pytest.mark.torch
 def test_deepcopy_memo_keeps_a_parameter_shared():
     p = JM.param(V)
     a, b = copy.deepcopy([p, p])
@@ -298,6 +312,7 @@ def test_deepcopy_memo_keeps_a_parameter_shared():
 # ------------------------------------------------------------------ Buffer
 
 
+@pytest.mark.torch
 def test_buffer_marker_like_torch():
     def run(s):
         m = s.nn.Module()
@@ -327,6 +342,7 @@ def test_buffer_behaves_like_an_array_until_assigned():
     assert isinstance(m.b, jax.Array) and m.b is b.data
 
 
+@pytest.mark.torch
 def test_parameter_operators_cover_python_protocols():
     p = JM.param(P)
     ops = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow]

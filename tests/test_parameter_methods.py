@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
@@ -99,12 +99,14 @@ def _close(want, got):
         assert want == got
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("label,call", READING, ids=[r[0] for r in READING])
 def test_reading_methods_match_torch(label, call):
     tp, jp = _pair()
     _close(_outcome(lambda: call(tp)), _outcome(lambda: call(jp)))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "label,call",
     [
@@ -124,6 +126,7 @@ def test_zero_dimensional_parameters_match_torch(label, call):
     _close(_outcome(lambda: call(tp)), _outcome(lambda: call(jp)))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int32", "int64", "bool", "uint8"])
 def test_dtype_queries_match_torch(dtype):
     t = torch.zeros(3, dtype=getattr(torch, dtype))
@@ -146,6 +149,7 @@ def test_size_is_still_the_element_count_for_jax_style_code():
         p.size(1.0)
 
 
+@pytest.mark.torch
 def test_transpose_is_torchs_never_numpys():
     tp, jp = _pair()
     with pytest.raises(TypeError):
@@ -159,6 +163,7 @@ def test_transpose_is_torchs_never_numpys():
     np.testing.assert_array_equal(np.asarray(jp.T), tp.detach().numpy().T)
 
 
+@pytest.mark.torch
 def test_view_with_a_dtype_reinterprets_as_torch():
     tp, jp = _pair()
     want = tp.detach().view(torch.int32).numpy()
@@ -206,6 +211,7 @@ def _weights(shape):
     return np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 7
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("label,loss", GRADIENT, ids=[g[0] for g in GRADIENT])
 def test_gradients_flow_through_the_methods_under_jm_backward(label, loss):
     tp, jp = _pair()
@@ -216,6 +222,7 @@ def test_gradients_flow_through_the_methods_under_jm_backward(label, loss):
     np.testing.assert_allclose(np.asarray(jp.grad), tp.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_the_methods_work_inside_jm_compile():
     _, jp = _pair()
     model = nn.Module()
@@ -280,6 +287,7 @@ def _torch_ar(x):
     return torch.from_numpy(np.asarray(x))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("label,change", INPLACE, ids=[c[0] for c in INPLACE])
 def test_in_place_methods_match_torch_and_return_the_parameter(label, change):
     tp, jp = _pair()
@@ -319,6 +327,7 @@ def test_in_place_methods_inside_jm_compile_are_written_back():
     np.testing.assert_allclose(np.asarray(lin.bias), 0.0)
 
 
+@pytest.mark.torch
 def test_manual_sgd_with_augmented_assignment_matches_torch_eager_and_compiled():
     # The tutorial loop: p -= lr * p.grad under no_grad, eagerly and inside jm.compile.
     torch.manual_seed(0)
@@ -352,6 +361,7 @@ def test_manual_sgd_with_augmented_assignment_matches_torch_eager_and_compiled()
                 )
 
 
+@pytest.mark.torch
 def test_in_place_arithmetic_inside_jm_backward_raises_as_torch_grad_mode():
     tp, jp = _pair()
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
@@ -361,6 +371,7 @@ def test_in_place_arithmetic_inside_jm_backward_raises_as_torch_grad_mode():
     np.testing.assert_allclose(np.asarray(jp), VALUES)  # unchanged
 
 
+@pytest.mark.torch
 def test_in_place_float_arithmetic_on_an_integer_buffer_raises_as_torch():
     t = torch.zeros(3, dtype=torch.int32)
     with pytest.raises(RuntimeError) as t_err:
@@ -374,6 +385,7 @@ def test_in_place_float_arithmetic_on_an_integer_buffer_raises_as_torch():
     assert b.dtype == jnp.int32
 
 
+@pytest.mark.torch
 def test_in_place_inside_jm_backward_raises_as_torch_grad_mode():
     tp, jp = _pair()
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad") as t_err:
@@ -426,6 +438,7 @@ def test_buffers_have_the_methods_too():
 # ------------------------------------------------------------------ einops
 
 
+@pytest.mark.torch
 def test_einops_accepts_parameters_eagerly():
     tp, jp = _pair()
     for pattern, fn, kw in [
@@ -441,6 +454,7 @@ def test_einops_accepts_parameters_eagerly():
     assert einops.parse_shape(jp, "a b c") == {"a": 2, "b": 3, "c": 4}
 
 
+@pytest.mark.torch
 def test_einops_on_parameters_under_jit_and_jm_backward():
     tp, jp = _pair()
     f = jax.jit(lambda p: einops.rearrange(p, "a b c -> (c b) a"))
@@ -463,6 +477,7 @@ def test_einops_on_parameters_under_jit_and_jm_backward():
     np.testing.assert_allclose(np.asarray(jp.grad), tp.grad.numpy(), rtol=1e-5)
 
 
+@pytest.mark.torch
 def test_einops_inside_jm_compile_and_other_types_keep_their_backends():
     model = nn.Linear(4, 6)
 
@@ -480,6 +495,7 @@ def test_einops_inside_jm_compile_and_other_types_keep_their_backends():
     assert isinstance(einops.rearrange(jnp.ones((2, 3)), "a b -> b a"), jax.Array)
 
 
+@pytest.mark.torch
 def test_counting_parameters_of_a_meta_model_matches_torch():
     # sum(p.numel() ...) is how model code reports its size, before any memory exists.
     with torch.device("meta"):
@@ -547,6 +563,7 @@ def _as_np(x):
     return np.asarray(x)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "name, args, kwargs",
     TORCH_MEANING_CALLS,
@@ -567,6 +584,7 @@ def test_numpy_namesakes_have_torch_meaning_on_a_parameter(name, args, kwargs):
         np.testing.assert_allclose(_as_np(got), _as_np(want), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_torch_meaning_methods_are_seen_by_gradients():
     a = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
     t = torch.tensor(a, requires_grad=True)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
@@ -72,6 +72,7 @@ def _comparable(t):
     return t.float() if t.dtype == torch.bfloat16 else t
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("src", ["float32", "float16"])
 @pytest.mark.parametrize("pair", DTYPE_PAIRS, ids=lambda p: _name(p[0]))
 def test_to_dtype_as_torch(src, pair):
@@ -88,6 +89,7 @@ def test_to_dtype_as_torch(src, pair):
 METHODS = ["float", "half", "bfloat16", "int", "long", "short", "char", "byte", "bool"]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("src", ["float32", "float16", "int32"])
 @pytest.mark.parametrize("method", METHODS)
 def test_conversion_methods_as_torch(src, method):
@@ -103,6 +105,7 @@ def test_conversion_methods_as_torch(src, method):
     )
 
 
+@pytest.mark.torch
 def test_double_needs_x64_and_says_so():
     _, jp = _pair()
     with pytest.raises(jm.DtypeError, match="jax_enable_x64"):
@@ -111,6 +114,7 @@ def test_double_needs_x64_and_says_so():
         jp.to(jm.float64)
 
 
+@pytest.mark.torch
 def test_to_device_other_and_copy_as_torch():
     tp, jp = _pair()
     _same(tp.to("cpu"), tp, jp.to("cpu"), jp)
@@ -132,12 +136,14 @@ def test_to_device_other_and_copy_as_torch():
         jp.to(jm.float32, layout=None)
 
 
+@pytest.mark.torch
 def test_to_a_device_jax_cannot_see_raises():
     _, jp = _pair()
     with pytest.raises(jm.DeviceError):
         jp.to("cuda:7")
 
 
+@pytest.mark.torch
 def test_complex_to_real_warns_as_torch():
     a = (VALUES + 1j * VALUES).astype(np.complex64)
     tp = torch.nn.Parameter(torch.from_numpy(a.copy()))
@@ -207,6 +213,7 @@ def _new_calls():
     ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("src", ["float32", "float16", "int32"])
 @pytest.mark.parametrize("call", _new_calls(), ids=lambda c: c[0])
 def test_new_methods_as_torch(src, call):
@@ -220,6 +227,7 @@ def test_new_methods_as_torch(src, call):
     _same(t_out, tp, j_out, jp)
 
 
+@pytest.mark.torch
 def test_new_tensor_copies_an_array_into_the_parameters_dtype():
     tp, jp = _pair()
     with warnings.catch_warnings():
@@ -228,6 +236,7 @@ def test_new_tensor_copies_an_array_into_the_parameters_dtype():
     _same(t_out, tp, jp.new_tensor(jnp.asarray([1, 2], jnp.int32)), jp)
 
 
+@pytest.mark.torch
 def test_new_methods_refuse_what_torch_refuses():
     tp, jp = _pair()
     with pytest.raises(TypeError):
@@ -250,6 +259,7 @@ def test_new_arrays_are_on_the_parameters_device():
         assert out.devices() == {device}
 
 
+@pytest.mark.torch
 def test_new_zeros_in_init_hidden_eager_and_compiled():
     """word_language_model's ``init_hidden``: ``weight.new_zeros(nlayers, bsz, nhid)``."""
 
@@ -293,6 +303,7 @@ def test_new_zeros_in_init_hidden_eager_and_compiled():
     np.testing.assert_allclose(np.asarray(j_out), t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_gradients_flow_through_conversions_as_torch():
     def loss(p, lib):
         as_float = (lambda t: t.float()) if lib == "torch" else (lambda a: a.astype(jm.float))
@@ -325,6 +336,7 @@ def test_gradients_flow_through_conversions_as_torch():
     np.testing.assert_allclose(np.asarray(holder.p.grad), tp.grad.numpy(), rtol=1e-2)
 
 
+@pytest.mark.torch
 def test_conversions_inside_compiled_code():
     _, jp = _pair()
 
@@ -355,6 +367,7 @@ def test_meta_parameters_convert_to_meta():
 # ------------------------------------------------------------------ dtype aliases
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["float", "int", "short", "cfloat", "cdouble", "long", "double"])
 def test_dtype_aliases_name_torchs_dtypes(name):
     want = getattr(torch, name)
@@ -369,6 +382,7 @@ def test_builtin_named_aliases_leave_the_builtins_alone():
     assert float("1.5") == 1.5 and int("3") == 3
 
 
+@pytest.mark.torch
 def test_dtype_aliases_in_use():
     assert jm.zeros(2, dtype=jm.float).dtype == jnp.float32
     assert jnp.ones(2).astype(jm.int).dtype == jnp.int32

@@ -25,6 +25,8 @@ from torch_ref import normalize
 import jmodule as jm
 from jmodule.nn.utils import parametrize as P
 
+pytestmark = pytest.mark.torch
+
 RNG = np.random.default_rng(0)
 
 

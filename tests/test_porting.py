@@ -14,6 +14,8 @@ from test_resnet import resnet18
 import jmodule as jm
 from jmodule import nn
 
+pytestmark = pytest.mark.torch
+
 
 def _tree(nn_):
     return nn_.Sequential(

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 
@@ -92,6 +92,7 @@ def x64():
 # ----------------------------------------------------------------------------- ViT
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_vit_forward_and_gradients_match_torch_float64(x64, pool):
     t, j = _pair("vit")
@@ -129,6 +130,7 @@ def test_vit_forward_and_gradients_match_torch_float64(x64, pool):
 # ----------------------------------------------------------------------------- LSTM LM
 
 
+@pytest.mark.torch
 def test_lstm_lm_forward_and_gradients_match_torch_float64(x64):
     t, j = _pair("lstm_lm")
     ref, ours = t.model.double(), j.model.to(jm.float64)
@@ -162,6 +164,7 @@ def test_lstm_lm_forward_and_gradients_match_torch_float64(x64):
     _grads_match(ref, ours)
 
 
+@pytest.mark.torch
 def test_lstm_lm_training_script_matches_torch_float64(x64, capsys):
     """The file's own ``main()``: two epochs of ``train()`` (truncated BPTT with the hidden
     state carried over, ``clip_grad_norm_``, the hand-written SGD step at lr 20),
@@ -204,6 +207,7 @@ def test_lstm_lm_training_script_matches_torch_float64(x64, capsys):
 UNET_SHAPE = (2, 3, 36, 44)  # odd sizes on the way down: Up's F.pad pads by one
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("bilinear", [False, True], ids=["transposed", "bilinear"])
 def test_unet_forward_gradients_and_running_stats_match_torch_float64(x64, bilinear):
     """Train mode (batch statistics): the output and the running statistics it leaves, and
@@ -241,6 +245,7 @@ def _small_segmenter(module, n_classes):
     return model
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("n_classes", [3, 1], ids=["softmax", "sigmoid"])
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
 def test_unet_train_model_matches_torch_float32(n_classes):
@@ -322,6 +327,7 @@ def _gpt_backward(t, j, ref, ours, idx, targets, compiled=False):
     return loss
 
 
+@pytest.mark.torch
 def test_nanogpt_matches_torch_float64(x64, capsys):
     """The flash path (``F.scaled_dot_product_attention``), biases on: the last position's
     logits without targets; logits, loss and gradients with them; one AdamW step from
@@ -370,6 +376,7 @@ def test_nanogpt_matches_torch_float64(x64, capsys):
         _close(v, eager[k], what=f"{k} after the compiled step")
 
 
+@pytest.mark.torch
 def test_nanogpt_manual_attention_crop_and_generate_match_torch_float64(x64, monkeypatch):
     """Without ``F.scaled_dot_product_attention`` (PyTorch < 2.0) the file's own ``__init__``
     takes the manual path and registers the causal ``bias`` buffer; biases off (``LayerNorm``
@@ -407,6 +414,7 @@ def test_nanogpt_manual_attention_crop_and_generate_match_torch_float64(x64, mon
 # ----------------------------------------------------------------------------- ResNet
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("variant", ["resnet18", "bottleneck"])
 def test_resnet_forward_gradients_and_running_stats_match_torch_float64(x64, variant):
     """Train mode (batch statistics): the logits, every parameter's gradient and the

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
@@ -41,6 +41,7 @@ def test_generator_streams_are_independent_of_the_default_one():
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.torch
 def test_linear_default_init_matches_pytorch_distribution():
     fan_in, fan_out = 64, 512
     ours = nn.Linear(fan_in, fan_out)

@@ -11,6 +11,8 @@ import torch
 
 import jmodule as jm
 
+pytestmark = pytest.mark.torch
+
 WIDTHS = (16, 32, 64, 128)  # torchvision: (64, 128, 256, 512)
 # Float32 through 20 layers with batch-norm over small batches: differences
 # in summation order compound to about 1e-5 relative; gradients (which pass

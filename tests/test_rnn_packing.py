@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-from torch.nn.utils import rnn as trnn
+from _torch import torch
 
 import jmodule as jm
 from jmodule.nn.utils import rnn as jrnn
+
+trnn = torch.nn.utils.rnn
 
 IN, H = 3, 4
 # Unsorted, with a tie: sorting must be torch's (stable) order.
@@ -57,6 +58,7 @@ def _seqs(lengths, trailing=(2,), seed=0):
 # ---------------------------------------------------------------------------- utilities
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("padding_side", ["right", "left"])
 def test_pad_sequence_matches_torch(batch_first, padding_side):
@@ -66,6 +68,7 @@ def test_pad_sequence_matches_torch(batch_first, padding_side):
     _close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.torch
 def test_pad_sequence_dtype_broadcast_and_array_input_like_torch():
     # The first sequence's dtype wins; padding_value is cast to it; smaller trailing
     # shapes broadcast; an array is iterated over its first dimension.
@@ -91,6 +94,7 @@ LENGTH_KINDS = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("kind", list(LENGTH_KINDS))
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_pack_padded_sequence_unsorted_matches_torch(kind, batch_first):
@@ -107,6 +111,7 @@ def test_pack_padded_sequence_unsorted_matches_torch(kind, batch_first):
     _close(got.data, want.data, rtol=0, atol=0)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_pack_padded_sequence_sorted_matches_torch(batch_first):
     lengths = sorted(LENGTHS, reverse=True)
@@ -120,6 +125,7 @@ def test_pack_padded_sequence_sorted_matches_torch(batch_first):
     _close(got.data, want.data, rtol=0, atol=0)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("total_length", [None, 7])
 @pytest.mark.parametrize("enforce_sorted", [True, False])
@@ -135,6 +141,7 @@ def test_pad_packed_sequence_matches_torch(batch_first, total_length, enforce_so
     assert got_len.dtype == np.int64
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("enforce_sorted", [True, False])
 def test_pack_unpack_and_unpad_sequence_match_torch(enforce_sorted):
     lengths = sorted(LENGTHS, reverse=True) if enforce_sorted else LENGTHS
@@ -156,6 +163,7 @@ def test_pack_unpack_and_unpad_sequence_match_torch(enforce_sorted):
         _close(g, w, rtol=0, atol=0)
 
 
+@pytest.mark.torch
 def test_packed_sequence_constructor_and_invert_permutation_like_torch():
     data = np.arange(5, dtype=np.float32)
     for args, kwargs in [
@@ -184,6 +192,7 @@ def test_packed_sequence_constructor_and_invert_permutation_like_torch():
     np.testing.assert_array_equal(traced, trnn.invert_permutation(torch.tensor(perm)))
 
 
+@pytest.mark.torch
 def test_packed_sequence_to_and_casts():
     packed = jrnn.pack_sequence([jnp.ones((2, 3)), jnp.ones((1, 3))])
     assert packed.to(jnp.float32) is packed  # nothing changes: self, as torch
@@ -238,6 +247,7 @@ SAME_MESSAGE = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", list(SAME_MESSAGE))
 def test_errors_match_torch(name):
     expected = _torch_error(SAME_MESSAGE[name])
@@ -245,6 +255,7 @@ def test_errors_match_torch(name):
     assert str(got) == str(expected)
 
 
+@pytest.mark.torch
 def test_lengths_longer_than_input_and_2d_lengths_raise():
     # PyTorch reads past the end of the input for a too-long length; jmodule refuses.
     with pytest.raises(RuntimeError, match="longer than the padded input"):
@@ -257,6 +268,7 @@ def test_lengths_longer_than_input_and_2d_lengths_raise():
 # ---------------------------------------------------------------------------- pytree, compile
 
 
+@pytest.mark.torch
 def test_packed_sequence_is_a_pytree_with_a_static_layout():
     packed = jrnn.pack_padded_sequence(jnp.asarray(_padded(LENGTHS)), LENGTHS, enforce_sorted=False)
     leaves, treedef = jax.tree_util.tree_flatten(packed)
@@ -276,6 +288,7 @@ def test_packed_sequence_is_a_pytree_with_a_static_layout():
     assert jax.tree_util.tree_structure(packed) == treedef  # same layout, same program
 
 
+@pytest.mark.torch
 def test_compiled_packing_from_static_lengths_matches_torch():
     x = _padded(LENGTHS)
     want = trnn.pad_packed_sequence(
@@ -352,6 +365,7 @@ def _loss(out, hidden):
     return total
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("enforce_sorted", [False, True])
 @pytest.mark.parametrize("case", list(RNN_CASES))
 def test_packed_rnn_output_states_and_gradients_match_torch(case, enforce_sorted):
@@ -388,6 +402,7 @@ def test_packed_rnn_output_states_and_gradients_match_torch(case, enforce_sorted
     _close(jax.grad(by_input)(jnp.asarray(x)), tx.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("case", ["GRU-batch_first-h0", "LSTM-proj-2layers-bidirectional-h0"])
 def test_packed_rnn_compiled_matches_torch(case):
     name, kwargs, _ = RNN_CASES[case]
@@ -414,6 +429,7 @@ def test_packed_rnn_compiled_matches_torch(case):
     _close(ours(packed)[0].data, t_out.data)
 
 
+@pytest.mark.torch
 def test_compiled_forward_retraces_for_a_new_layout_of_the_same_shape():
     # [3, 1] and [2, 2] both pack 4 rows: only the static layout tells them apart.
     ref, ours = _pair("GRU", {}, seed=5)
@@ -427,6 +443,7 @@ def test_compiled_forward_retraces_for_a_new_layout_of_the_same_shape():
     assert jm.compile_stats(step).num_traces == 2
 
 
+@pytest.mark.torch
 def test_packed_dropout_between_layers_compiled_equals_eager():
     ref, model = _pair("LSTM", {"num_layers": 2, "dropout": 0.5})
     packed = jrnn.pack_padded_sequence(jnp.asarray(_padded(LENGTHS)), LENGTHS, False, False)
@@ -441,6 +458,7 @@ def test_packed_dropout_between_layers_compiled_equals_eager():
     _close(model(packed)[0].data, ref(t_packed)[0].data)
 
 
+@pytest.mark.torch
 def test_packed_rnn_input_errors():
     packed = jrnn.pack_sequence([jnp.ones((3, IN)), jnp.ones((1, IN))])
     t_packed = trnn.pack_sequence([torch.ones(3, IN), torch.ones(1, IN)])
@@ -516,6 +534,7 @@ def _jm_step(model, opt, x, y, lengths):
     return loss
 
 
+@pytest.mark.torch
 def test_compiled_training_step_one_step_float32_matches_torch():
     ref, model = _train_pair(torch.float32)
     t_opt = torch.optim.SGD([*ref[0].parameters(), *ref[1].parameters()], lr=0.5)
@@ -531,6 +550,7 @@ def test_compiled_training_step_one_step_float32_matches_torch():
         _close(p, tp, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [True, False])
 def test_ten_training_steps_float64_match_torch(compiled):
     with jax.enable_x64(True):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from test_resnet import resnet18
 
 import jmodule as jm
@@ -53,6 +53,7 @@ def _same(t: torch.Tensor, a) -> None:
     np.testing.assert_array_equal(_np(t), got)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_torch_load_weights_only_reads_every_dtype(tmp_path, dtype, suffix):
@@ -64,6 +65,7 @@ def test_torch_load_weights_only_reads_every_dtype(tmp_path, dtype, suffix):
         _same(got[k], a)
 
 
+@pytest.mark.torch
 def test_containers_numbers_strings_and_none_come_back_as_torch_loads_them(tmp_path):
     sd = collections.OrderedDict(w=jnp.ones((2, 2)), b=jnp.zeros(2, jnp.bfloat16))
     sd._metadata = collections.OrderedDict({"": {"version": 1}})
@@ -108,6 +110,7 @@ def test_containers_numbers_strings_and_none_come_back_as_torch_loads_them(tmp_p
     assert back["model"]["b"].dtype == jnp.bfloat16
 
 
+@pytest.mark.torch
 def test_one_array_under_two_keys_is_one_storage_torch_shares(tmp_path):
     w = jnp.arange(6.0).reshape(2, 3)
     jm.save({"a": w, "b": w, "c": jnp.arange(6.0).reshape(2, 3)}, tmp_path / "tied.pt")
@@ -116,6 +119,7 @@ def test_one_array_under_two_keys_is_one_storage_torch_shares(tmp_path):
     assert got["a"].untyped_storage().data_ptr() != got["c"].untyped_storage().data_ptr()
 
 
+@pytest.mark.torch
 def test_records_are_laid_out_as_torch_save_lays_them_out(tmp_path):
     jm.save({"w": jnp.ones(5), "v": jnp.ones(3, jnp.int8)}, tmp_path / "model.pt")
     torch.save({"w": torch.ones(5), "v": torch.ones(3, dtype=torch.int8)}, tmp_path / "ref.pt")
@@ -137,6 +141,7 @@ def test_records_are_laid_out_as_torch_save_lays_them_out(tmp_path):
     assert ours.read("model/version") == ref.read("ref/version")
 
 
+@pytest.mark.torch
 def test_parameters_and_a_models_state_dict_load_into_torch(tmp_path):
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     model[1](jnp.ones((2, 4)))  # count a batch
@@ -149,6 +154,7 @@ def test_parameters_and_a_models_state_dict_load_into_torch(tmp_path):
     assert int(ref[1].num_batches_tracked) == 1
 
 
+@pytest.mark.torch
 def test_a_resnet_saved_by_jm_runs_in_torch_with_the_same_outputs(tmp_path):
     jm.manual_seed(1)
     ours = resnet18(jm.nn)
@@ -166,6 +172,7 @@ def test_a_resnet_saved_by_jm_runs_in_torch_with_the_same_outputs(tmp_path):
     np.testing.assert_allclose(np.asarray(ours(jnp.asarray(x))), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.torch
 def test_torch_save_to_jm_load_and_back(tmp_path):
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
@@ -188,6 +195,7 @@ def test_torch_save_to_jm_load_and_back(tmp_path):
         np.testing.assert_array_equal(got.numpy(), want)
 
 
+@pytest.mark.torch
 def test_views_torch_writes_still_load(tmp_path):
     base = torch.arange(24.0).reshape(4, 6)
     views = {
@@ -207,6 +215,7 @@ def test_views_torch_writes_still_load(tmp_path):
         np.testing.assert_array_equal(again[k].numpy(), v.numpy())
 
 
+@pytest.mark.torch
 def test_written_without_importing_torch(tmp_path):
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
@@ -260,6 +269,7 @@ def test_what_a_weights_only_file_cannot_hold_is_refused_before_writing(tmp_path
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.torch
 def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path):
     path = tmp_path / "w.pt"
     jm.save({"v": 1}, path)
@@ -271,6 +281,7 @@ def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path):
     assert os.listdir(tmp_path) == ["w.pt"]
 
 
+@pytest.mark.torch
 def test_a_failure_mid_write_leaves_the_old_file_and_no_leftovers(tmp_path, monkeypatch):
     path = tmp_path / "w.pt"
     jm.save({"v": jnp.zeros(3)}, path)
@@ -302,6 +313,7 @@ while True:
 """
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("delay", [0.3, 1.1])
 def test_a_save_killed_at_any_moment_leaves_old_or_new_never_partial(tmp_path, delay):
     path = tmp_path / "w.pt"
@@ -333,6 +345,7 @@ def test_a_save_killed_at_any_moment_leaves_old_or_new_never_partial(tmp_path, d
     assert os.listdir(tmp_path) == ["w.pt"]
 
 
+@pytest.mark.torch
 def test_a_nesting_torch_reads_is_kept(tmp_path):
     jm.save({"deep": _nested(90)}, tmp_path / "deep.pt")
     got = torch.load(tmp_path / "deep.pt", weights_only=True)["deep"]
@@ -341,6 +354,7 @@ def test_a_nesting_torch_reads_is_kept(tmp_path):
     assert got == []
 
 
+@pytest.mark.torch
 def test_a_training_checkpoint_resumes_in_torch(tmp_path):
     """model + optimizer + epoch in one .pt: torch's model and AdamW load it and take the
     next step to the same weights as jm's."""

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 
@@ -148,6 +148,7 @@ def test_state_dict_named_modules_and_parameters_are_the_blocks():
     assert repr(ours.h).startswith("Scan(\n  (0-2): 3 x Block(")
 
 
+@pytest.mark.torch
 def test_torch_weights_load_unchanged_and_outputs_match_torch():
     """torch's state_dict loads with no missing/unexpected key; same logits, eager and
     compiled (model.compile() and jm.compile)."""
@@ -165,6 +166,7 @@ def test_torch_weights_load_unchanged_and_outputs_match_torch():
     _close(step(ours, jnp.asarray(idx), _mask(False)), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_gradients_match_torch(compiled):
     """Each block's .grad (and the embedding's) equals torch's after one backward."""
@@ -189,6 +191,7 @@ def test_gradients_match_torch(compiled):
         _close(pj.grad, pt.grad.numpy(), rtol=1e-4, atol=1e-5, msg=n)
 
 
+@pytest.mark.torch
 def test_ten_float64_training_steps_compiled_match_torch():
     """Ten compiled SGD-with-momentum steps in float64 follow torch's trajectory at 1e-10."""
     with jax.enable_x64(True):
@@ -229,6 +232,7 @@ def test_ten_float64_training_steps_compiled_match_torch():
             )
 
 
+@pytest.mark.torch
 def test_batchnorm_statistics_match_torch():
     """Running statistics of every block after training-mode calls equal torch's."""
 

@@ -194,6 +194,7 @@ def _run_subprocess(code: str, **env) -> str:
     return result.stdout
 
 
+@pytest.mark.torch
 def test_x64_mode_keeps_int64_and_a_sharding_is_restored_onto_directly(tmp_path):
     import torch
 
@@ -273,6 +274,7 @@ def test_map_location_refuses_integer_dtype_and_unknown_device(tmp_path):
         jms.load(tmp_path / "c", map_location=jnp.zeros(1, jnp.int32))  # as Module.to
 
 
+@pytest.mark.torch
 def test_map_location_reads_the_words_of_module_to(tmp_path):
     """One parser serves both: torch objects and complex-to-real casts behave as in ``to``."""
     import torch
@@ -455,6 +457,7 @@ def _per_key_files(tmp_path):
     return sd, [tmp_path / "ckpt", tmp_path / "w.safetensors", tmp_path / "w.pt"]
 
 
+@pytest.mark.torch
 def test_map_location_dict_places_some_keys_on_their_own(tmp_path):
     sd, paths = _per_key_files(tmp_path)
     for path in paths:
@@ -469,6 +472,7 @@ def test_map_location_dict_places_some_keys_on_their_own(tmp_path):
         assert got["steps"].dtype == jnp.int32  # integers keep their dtype
 
 
+@pytest.mark.torch
 def test_map_location_dict_names_keys_the_file_lacks(tmp_path):
     _, paths = _per_key_files(tmp_path)
     for path in paths:

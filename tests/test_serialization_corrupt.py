@@ -18,7 +18,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -299,6 +299,7 @@ def _torch_reference(obj):
     }
 
 
+@pytest.mark.torch
 def test_torch_files_truncated_anywhere(torch_files, tmp_path):
     d, obj = torch_files
     for name in ("zip.pt", "legacy.pt"):
@@ -309,6 +310,7 @@ def test_torch_files_truncated_anywhere(torch_files, tmp_path):
             _loads_exactly_or_names(target, _torch_reference(obj))
 
 
+@pytest.mark.torch
 def test_zip_torch_file_bit_flips_are_all_caught_or_harmless(torch_files, tmp_path):
     d, obj = torch_files
     rng = random.Random(1)
@@ -323,6 +325,7 @@ def test_zip_torch_file_bit_flips_are_all_caught_or_harmless(torch_files, tmp_pa
     assert results["error"] > 0, results
 
 
+@pytest.mark.torch
 def test_legacy_torch_file_bit_flips_never_escape_as_other_errors(torch_files, tmp_path):
     """The legacy format has no checksums: a flip inside raw tensor bytes changes values
     (as it does for torch.load); everywhere else it must give a jm error naming the file."""
@@ -345,6 +348,7 @@ def test_legacy_torch_file_bit_flips_never_escape_as_other_errors(torch_files, t
     assert results["different"] <= results["error"] // 4, results
 
 
+@pytest.mark.torch
 def test_zip_with_a_data_record_of_the_wrong_size(torch_files, tmp_path):
     d, _ = torch_files
     source = zipfile.ZipFile(d / "zip.pt")
@@ -384,6 +388,7 @@ def test_zip_without_data_pkl(tmp_path):
         jms.load(path)
 
 
+@pytest.mark.torch
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.torch
-import torch
+from _torch import torch
 
 import jmodule as jm
 import jmodule.serialization as jms
@@ -65,6 +65,7 @@ def test_jm_checkpoint_round_trip_into_a_fresh_model(tmp_path):
     np.testing.assert_array_equal(_outputs(target), _outputs(source))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("fmt", ["zip", "legacy", "safetensors"])
 def test_pytorch_weights_load_into_the_jm_model_and_match_torch(tmp_path, fmt):
     reference = _torch_model()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import safetensors
 import safetensors.torch
-import torch
+from _torch import torch
 
 import jmodule.serialization as jms
 
@@ -55,6 +55,7 @@ def test_round_trip_keeps_order_dtypes_shapes_and_metadata(tmp_path):
     assert jms.read_metadata(path) == {"format": "pt", "note": "hello"}
 
 
+@pytest.mark.torch
 def test_files_jm_writes_are_read_by_the_safetensors_library_and_torch(tmp_path):
     sd = _sd()
     path = tmp_path / "w.safetensors"
@@ -70,6 +71,7 @@ def test_files_jm_writes_are_read_by_the_safetensors_library_and_torch(tmp_path)
         assert f.metadata()["format"] == "pt"
 
 
+@pytest.mark.torch
 def test_files_written_by_torch_load(tmp_path):
     ref = {
         "w": torch.randn(4, 3),
@@ -138,6 +140,7 @@ def _torch_sd():
     return model.state_dict()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "suffix, index_name, writer",
     [
@@ -158,6 +161,7 @@ def test_sharded_checkpoints_load_as_one_state_dict(tmp_path, suffix, index_name
     assert jms.read_metadata(index) == {"total_size": "123"}
 
 
+@pytest.mark.torch
 def test_sharded_checkpoint_errors(tmp_path):
     sd = _torch_sd()
     index, weight_map = _write_sharded(

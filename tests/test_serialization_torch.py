@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule.serialization as jms
 
@@ -95,6 +95,7 @@ def torch_file(request, tmp_path_factory):
     return path, obj
 
 
+@pytest.mark.torch
 def test_every_dtype_and_layout_matches_torch(torch_file):
     path, obj = torch_file
     out = jms.load(path)
@@ -105,6 +106,7 @@ def test_every_dtype_and_layout_matches_torch(torch_file):
     _check(out["param"], obj["param"], "param")
 
 
+@pytest.mark.torch
 def test_plain_values_come_back(torch_file):
     path, obj = torch_file
     out = jms.load(path)
@@ -112,6 +114,7 @@ def test_plain_values_come_back(torch_file):
         assert out[key] == obj[key] and type(out[key]) is type(obj[key]), key
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_state_dict_metadata_and_shared_tensors(tmp_path, fmt):
     torch.manual_seed(0)
@@ -130,6 +133,7 @@ def test_state_dict_metadata_and_shared_tensors(tmp_path, fmt):
         _check(out[key], t, key)
 
 
+@pytest.mark.torch
 def test_pickle_protocol_4_is_read(tmp_path):
     tensors = {"w": torch.randn(3, 2).t(), "b": torch.ones(2).bfloat16()}
     path = tmp_path / "p4.pt"
@@ -139,6 +143,7 @@ def test_pickle_protocol_4_is_read(tmp_path):
         _check(out[key], t, key)
 
 
+@pytest.mark.torch
 def test_map_location(tmp_path):
     t = {"w": torch.randn(3), "i": torch.arange(3)}
     path = tmp_path / "m.pt"
@@ -159,6 +164,7 @@ def test_map_location(tmp_path):
         jms.load(path, map_location={"cuda:0": "cpu"})
 
 
+@pytest.mark.torch
 def test_big_endian_files_are_byteswapped(tmp_path):
     source = tmp_path / "little.pt"
     t = {"w": torch.randn(4, 3), "h": torch.randn(5).half()}
@@ -189,6 +195,7 @@ class _RunsCode:
         return (os.mkdir, (self.marker,))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("protocol", [2, 4])
 def test_pickles_that_run_code_are_refused_before_anything_runs(tmp_path, fmt, protocol):
@@ -203,6 +210,7 @@ def test_pickles_that_run_code_are_refused_before_anything_runs(tmp_path, fmt, p
     assert not marker.exists()
 
 
+@pytest.mark.torch
 def test_whole_module_pickles_are_refused(tmp_path):
     path = tmp_path / "model.pt"
     torch.save(torch.nn.Linear(2, 2), path)
@@ -229,6 +237,7 @@ def test_hand_built_pickles_with_hidden_globals_are_refused(tmp_path):
         jms.load(tmp_path / "computed.pt")
 
 
+@pytest.mark.torch
 def test_torchscript_archives_are_named(tmp_path):
     path = tmp_path / "scripted.pt"
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
@@ -236,6 +245,7 @@ def test_torchscript_archives_are_named(tmp_path):
         jms.load(path)
 
 
+@pytest.mark.torch
 def test_reading_needs_no_torch(tmp_path):
     t = {"w": torch.randn(3, 2).t(), "b": torch.ones(2).bfloat16()}
     torch.save(t, tmp_path / "a.pt")
@@ -261,6 +271,7 @@ for name in ("a.pt", "b.pt"):
     assert result.stdout.splitlines() == [f"a.pt {expected}", f"b.pt {expected}"]
 
 
+@pytest.mark.torch
 def test_legacy_storage_views_slice_their_root_storage(tmp_path):
     """Legacy files may hold storage views (view_metadata); they slice their root storage."""
     from jmodule.serialization import _torch_pickle

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 from torch_ref import (
     JM,
     SIDES,
@@ -74,6 +74,7 @@ def _assert_unchanged(m, snap):
 # ------------------------------------------------------------------ saving
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 def test_state_dict_keys_order_values_and_metadata_match_torch(name):
     t, j = build(name)
@@ -85,6 +86,7 @@ def test_state_dict_keys_order_values_and_metadata_match_torch(name):
     assert all(isinstance(v, jax.Array) for k, v in js.items() if not k.endswith("_extra_state"))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["net", "tied", "params", "bn"])
 def test_keep_vars_returns_the_parameters_themselves(name):
     t, j = build(name)
@@ -97,6 +99,7 @@ def test_keep_vars_returns_the_parameters_themselves(name):
     assert not any(isinstance(v, nn.Parameter) for v in j.state_dict().values())
 
 
+@pytest.mark.torch
 def test_prefix_and_destination_match_torch():
     def run(s):
         m = cls(s, "Net")()
@@ -121,6 +124,7 @@ def test_prefix_and_destination_match_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_positional_arguments_warn_like_torch():
     caught = []
     for s in SIDES:
@@ -134,6 +138,7 @@ def test_positional_arguments_warn_like_torch():
     assert caught[1] == caught[0]
 
 
+@pytest.mark.torch
 def test_non_persistent_and_none_entries_are_left_out_like_torch():
     def run(s):
         m = s.nn.Module()
@@ -160,6 +165,7 @@ def test_non_persistent_and_none_entries_are_left_out_like_torch():
 # ------------------------------------------------------------------ loading
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", TREE_NAMES)
 def test_load_round_trips_between_frameworks(name):
     t, j = build(name)  # torch -> jmodule (torch tensors)
@@ -176,6 +182,7 @@ def test_load_round_trips_between_frameworks(name):
     assert_same_state(t2, j)
 
 
+@pytest.mark.torch
 def test_loading_keeps_parameter_identity_dtype_and_shared_buffers():
     t, j = build("tied")
     before = [(k, id(p)) for k, p in j.named_parameters(remove_duplicate=False)]
@@ -185,6 +192,7 @@ def test_loading_keeps_parameter_identity_dtype_and_shared_buffers():
     assert all(p.dtype == jnp.float32 for p in j.parameters())
 
 
+@pytest.mark.torch
 def test_load_converts_numpy_float64_and_torch_int64_to_the_module_dtypes():
     t, j = build("bn")
     sd = {k: np.asarray(to_numpy(v), dtype=np.float64) for k, v in t.state_dict().items()}
@@ -194,6 +202,7 @@ def test_load_converts_numpy_float64_and_torch_int64_to_the_module_dtypes():
     assert j.num_batches_tracked.dtype == jnp.int32 and int(j.num_batches_tracked) == 7
 
 
+@pytest.mark.torch
 def test_bfloat16_torch_tensors_load_like_torch():
     def run(s, assign):
         m = s.nn.Linear(3, 2)
@@ -210,6 +219,7 @@ def test_bfloat16_torch_tensors_load_like_torch():
         assert j == t
 
 
+@pytest.mark.torch
 def test_assign_replaces_the_objects_and_keeps_requires_grad_like_torch():
     def run(s):
         m = cls(s, "Net")()
@@ -237,6 +247,7 @@ def test_assign_keeps_a_given_parameter_object():
     assert m.weight is given and not given.requires_grad
 
 
+@pytest.mark.torch
 def test_scalar_from_one_element_checkpoint_like_torch():
     def run(s):
         m = s.nn.BatchNorm1d(2)
@@ -264,6 +275,7 @@ def _broken_state(s):
     return sd
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("strict", [True, False])
 def test_failed_load_lists_every_problem_like_torch_and_changes_nothing(strict):
     snaps = {}
@@ -294,6 +306,7 @@ def test_size_mismatch_message_has_key_and_both_shapes():
         m.load_state_dict({"weight": np.zeros((10, 5)), "bias": np.zeros(10)})
 
 
+@pytest.mark.torch
 def test_non_strict_load_returns_incompatible_keys_like_torch():
     def run(s):
         m = cls(s, "Net")()
@@ -308,6 +321,7 @@ def test_non_strict_load_returns_incompatible_keys_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_all_keys_matched_repr_and_incompatible_keys_type():
     t, j = build("net")
     for m in (t, j):
@@ -318,6 +332,7 @@ def test_all_keys_matched_repr_and_incompatible_keys_type():
     assert type(j.load_state_dict(j.state_dict())) is nn.IncompatibleKeys
 
 
+@pytest.mark.torch
 def test_load_rejects_non_mappings_and_non_arrays():
     t, j = outcomes(lambda s: s.nn.Linear(1, 1).load_state_dict([("weight", 1)]))
     assert t[:2] == ("raise", "TypeError")
@@ -329,6 +344,7 @@ def test_load_rejects_non_mappings_and_non_arrays():
     assert "<class 'str'>" in j[2] and "<class 'float'>" in j[2]
 
 
+@pytest.mark.torch
 def test_unexpected_keys_for_non_persistent_buffers_like_torch():
     t, j = outcomes(
         lambda s: cls(s, "Net")().load_state_dict(
@@ -339,6 +355,7 @@ def test_unexpected_keys_for_non_persistent_buffers_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_failure_inside_a_hook_changes_nothing():
     j = cls(JM, "Net")()
     snap = _snapshot(j)
@@ -356,6 +373,7 @@ def test_failure_inside_a_hook_changes_nothing():
 # ------------------------------------------------------------------ extra state
 
 
+@pytest.mark.torch
 def test_extra_state_saved_and_loaded_like_torch():
     def run(s):
         m = s.nn.Sequential(cls(s, "Extra")(), s.nn.Linear(2, 2))
@@ -374,6 +392,7 @@ def test_extra_state_saved_and_loaded_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_only_set_extra_state_overridden_is_expected_on_load_only():
     def run(s):
         class Taker(s.nn.Module):
@@ -392,6 +411,7 @@ def test_only_set_extra_state_overridden_is_expected_on_load_only():
     assert j == t
 
 
+@pytest.mark.torch
 def test_base_extra_state_methods_raise():
     for s in SIDES:
         m = s.nn.Module()
@@ -401,6 +421,7 @@ def test_base_extra_state_methods_raise():
             m.set_extra_state({})
 
 
+@pytest.mark.torch
 def test_failed_load_restores_extra_state():
     m = cls(JM, "Extra")()
     sd = m.state_dict()
@@ -414,6 +435,7 @@ def test_failed_load_restores_extra_state():
 # ------------------------------------------------------------------ hooks
 
 
+@pytest.mark.torch
 def test_state_dict_hooks_match_torch():
     def run(s):
         log = []
@@ -439,6 +461,7 @@ def test_state_dict_hooks_match_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_state_dict_post_hook_must_return_none_like_torch():
     def run(s):
         m = s.nn.Linear(1, 1)
@@ -450,6 +473,7 @@ def test_state_dict_post_hook_must_return_none_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_load_state_dict_pre_hooks_see_torchs_arguments():
     def run(s):
         log = []
@@ -473,6 +497,7 @@ def test_load_state_dict_pre_hooks_see_torchs_arguments():
     assert j == t
 
 
+@pytest.mark.torch
 def test_load_pre_hook_can_rename_old_keys_like_torch():
     def run(s):
         m = s.nn.Sequential(s.nn.Linear(2, 2))
@@ -490,6 +515,7 @@ def test_load_pre_hook_can_rename_old_keys_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_load_post_hooks_see_keys_and_can_clear_them_like_torch():
     def run(s):
         log = []
@@ -518,6 +544,7 @@ def test_load_post_hooks_see_keys_and_can_clear_them_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_load_post_hook_must_return_none_like_torch():
     def run(s):
         m = s.nn.Linear(1, 1)
@@ -529,6 +556,7 @@ def test_load_post_hook_must_return_none_like_torch():
     assert j == t
 
 
+@pytest.mark.torch
 def test_messages_are_normalized_only_for_framework_names():
     # The helper that maps torch's wording must not hide real differences.
     assert normalize("copying a param with shape torch.Size([2, 7])") == (
@@ -540,6 +568,7 @@ def test_messages_are_normalized_only_for_framework_names():
     )
 
 
+@pytest.mark.torch
 def test_load_into_a_compiled_module_is_seen_by_the_next_call():
     t, j = build("net")
     t.eval()

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import optim
@@ -106,6 +106,7 @@ def _assert_same(tm, jmod, tl, jl, tol):
         )
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("warm", [False, True], ids=["first-traced-in-step", "traced-before"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_sgd_step_with_a_compiled_closure_trains_like_torch(kind, warm):
@@ -136,6 +137,7 @@ def test_sgd_step_with_a_compiled_closure_trains_like_torch(kind, warm):
         assert jm.compile_stats(compiled).num_traces == traces <= 2
 
 
+@pytest.mark.torch
 def test_the_issue_repro_moves_the_weights_every_call_in_float32():
     tm, jmod, x, y = _setup(seed=3, dtype=torch.float32, net=lambda nn: nn.Linear(3, 1))
     topt = torch.optim.SGD(tm.parameters(), lr=0.1)
@@ -158,6 +160,7 @@ LBFGS_OPTIONS = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("kwargs", LBFGS_OPTIONS, ids=["fixed-step", "strong_wolfe"])
 def test_lbfgs_step_with_a_compiled_closure_trains_like_torch(kwargs, kind):
@@ -180,6 +183,7 @@ def test_lbfgs_step_with_a_compiled_closure_trains_like_torch(kwargs, kind):
         assert jm.compile_stats(compiled).num_traces == traces <= 2
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_compiled_step_whose_closure_calls_a_compiled_function(kind):
     with jax.enable_x64(True):
@@ -245,6 +249,7 @@ class _Tracked:
         return Tracked()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("how", ["eager", "compiled-loss-only-closure"])
 def test_buffer_written_from_the_parameters_under_a_gradient_keeps_its_value(how):
     torch.manual_seed(0)

@@ -7,7 +7,8 @@ from html.parser import HTMLParser
 import jax.numpy as jnp
 import nbformat
 import numpy as np
-import torch
+import pytest
+from _torch import torch
 from IPython.core.formatters import DisplayFormatter
 from nbclient import NotebookClient
 
@@ -28,6 +29,7 @@ def _torch_rows(model, x):
     }
 
 
+@pytest.mark.torch
 def test_summary_rows_match_pytorch_shapes_and_counts(capsys):
     torch_model = torch.nn.Sequential(
         torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2)

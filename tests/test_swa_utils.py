@@ -14,12 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.optim.swa_utils as tswa
+from _torch import torch
 
 import jmodule as jm
 from jmodule import optim
 from jmodule.optim import swa_utils as jswa
+
+tswa = torch.optim.swa_utils
 
 TOL = 1e-10
 
@@ -89,6 +90,7 @@ def _assert_state_dicts(jsd, tsd):
         np.testing.assert_allclose(jv, tv.numpy(), rtol=TOL, atol=TOL, err_msg=k)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("case", list(AVERAGERS))
 def test_averaged_model_follows_torch_through_training(case, compiled):
@@ -116,6 +118,7 @@ def test_averaged_model_follows_torch_through_training(case, compiled):
     )
 
 
+@pytest.mark.torch
 def test_update_bn_recomputes_batchnorm_statistics_like_torch():
     tm, jmod = _models()
     tavg, javg = tswa.AveragedModel(tm), jswa.AveragedModel(jmod)
@@ -142,6 +145,7 @@ def test_update_bn_recomputes_batchnorm_statistics_like_torch():
     _assert_state_dicts(javg.state_dict(), tavg.state_dict())
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -169,6 +173,7 @@ def test_swalr_sequence_matches_torch(kwargs):
     assert resumed.anneal_func is not None and resumed.get_last_lr() == jsched.get_last_lr()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "build",
     [

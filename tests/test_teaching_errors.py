@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
@@ -66,6 +66,7 @@ def test_an_array_deleted_by_donation_names_donation_copy_and_donate_false():
             assert fix in text
 
 
+@pytest.mark.torch
 def test_linear_on_the_wrong_input_size_names_the_layer_and_shapes_as_torch():
     x = np.ones((2, 6, 5), np.float32)
     with pytest.raises(RuntimeError) as theirs:
@@ -125,6 +126,7 @@ def test_python_if_on_an_array_in_a_jm_compile_function_names_the_function():
     assert "if x.sum() > 0:" in text and "without jm.compile" in text
 
 
+@pytest.mark.torch
 def test_torch_optim_over_jmodule_parameters_points_to_jm_optim():
     m = nn.Linear(4, 3)
     with pytest.raises(TypeError, match=r"jm\.optim\.X\(model\.parameters\(\)\)"):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 import jmodule.nn.functional as F
@@ -159,6 +159,7 @@ def _args(name, side):
     raise AssertionError(name)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("name", "args"), METHOD_CASES, ids=lambda v: str(v)[:30])
 def test_a_method_on_a_tensor_is_torch_s(name, args):
     t, j = _pair()
@@ -187,6 +188,7 @@ def test_a_method_on_a_tensor_is_torch_s(name, args):
     _same(got, want)
 
 
+@pytest.mark.torch
 def test_size_shape_and_the_attributes_ported_code_reads():
     t, j = _pair()
     assert j.size() == t.size() and type(j.size()) is jm.Size
@@ -211,6 +213,7 @@ def test_size_shape_and_the_attributes_ported_code_reads():
     assert repr(jm.Tensor(jnp.array([1.0, 2.0]))).startswith("Tensor([1., 2.]")
 
 
+@pytest.mark.torch
 def test_in_place_operations_change_the_tensor_and_its_other_names_as_torch():
     t, j = _pair()
     ta, ja = t, j  # another name for the same tensor
@@ -253,6 +256,7 @@ def test_in_place_operations_change_the_tensor_and_its_other_names_as_torch():
         i.add_(0.5)
 
 
+@pytest.mark.torch
 def test_in_place_on_a_view_raises_where_torch_would_change_the_base_too():
     j = jm.Tensor(jnp.asarray(X))
     for view in (
@@ -433,6 +437,7 @@ def test_gradients_with_tensor_inputs_equal_the_plain_ones_eager_and_compiled():
         np.testing.assert_allclose(np.asarray(p.grad), g, rtol=1e-6)
 
 
+@pytest.mark.torch
 def test_copies_pickles_and_the_constructor():
     j = jm.Tensor(jnp.asarray(X))
     for other in (copy.deepcopy(j), copy.copy(j), pickle.loads(pickle.dumps(j))):
@@ -447,6 +452,7 @@ def test_copies_pickles_and_the_constructor():
     assert j.data is j and j.numpy().shape == (2, 3, 4) and j.to(jm.float16).dtype == jnp.float16
 
 
+@pytest.mark.torch
 def test_the_torch_namespace_returns_tensors_from_the_start():
     import jmodule.torch.nn as jtnn
     import jmodule.torch.nn.functional as JF
@@ -520,6 +526,7 @@ def test_a_value_assigned_out_of_a_compiled_backward_says_has_aux():
         step(lin, jnp.asarray(X[0]))
 
 
+@pytest.mark.torch
 def test_an_rnn_loop_carrying_hidden_matches_torch_float64():
     """word_language_model's loop: hidden carried (detached) across steps, manual SGD."""
     with jax.enable_x64(True):

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from _torch import torch
 
 import jmodule as jm
 
@@ -821,6 +821,7 @@ def _jm_call(case: Case) -> Any:
     return _jm_fn(case.name)(*_convert(case.args, "jm"), **_convert(case.kwargs, "jm"))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_matches_torch(case: Case) -> None:
     if case.raises:
@@ -858,12 +859,14 @@ def _traced_call(case: Case) -> tuple[Any, Any]:
 JIT_CASES = [k for k in CASES if k.jit and not k.raises]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("case", JIT_CASES[::4], ids=lambda case: case.id)
 def test_inside_jit_gives_the_eager_result(case: Case) -> None:
     eager, traced = _traced_call(case)
     assert_same(canon(eager), canon(traced), case, case.name)
 
 
+@pytest.mark.torch
 def test_inside_jm_compile_with_a_module_and_parameters() -> None:
     model = jm.nn.Linear(4, 4)
     tmodel = torch.nn.Linear(4, 4)
@@ -901,6 +904,7 @@ def test_inside_jm_compile_with_a_module_and_parameters() -> None:
         assert_same(canon(expected), canon(compiled(model, jnp.asarray(X34))), case, "step")
 
 
+@pytest.mark.torch
 def test_parameters_are_read_so_gradients_flow() -> None:
     """A Parameter passed to jm functions inside jm.backward gets torch's gradient."""
     wj = jm.nn.Parameter(jnp.asarray(X34))
@@ -932,6 +936,7 @@ def test_parameters_are_read_so_gradients_flow() -> None:
     np.testing.assert_allclose(np.asarray(wj.grad), wt.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.torch
 def test_cdist_gradient_at_zero_distance_is_zero_like_torch() -> None:
     xt = torch.tensor(X34, requires_grad=True)
     torch.cdist(xt, xt).sum().backward()
@@ -992,6 +997,7 @@ def _random_cases() -> list[tuple[str, Callable]]:
     ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("name", "draw"), _random_cases(), ids=[n for n, _ in _random_cases()])
 def test_random_shapes_and_dtypes_match_torch(name: str, draw: Callable) -> None:
     t, j = draw(torch), draw(jm)
@@ -1085,6 +1091,7 @@ no_grad enable_grad inference_mode is_tensor numel get_default_dtype set_default
 BUILTINS = ["abs", "all", "any", "complex", "max", "min", "pow", "round", "sum"]
 
 
+@pytest.mark.torch
 def test_every_listed_function_exists() -> None:
     missing = [n for n in SECTION_11 if not callable(getattr(jm, n, None))]
     assert not missing, missing
@@ -1106,6 +1113,7 @@ def test_builtin_names_are_served_not_bound() -> None:
     assert jm.max(jnp.asarray(X), 1)._fields == ("values", "indices")
 
 
+@pytest.mark.torch
 def test_grad_mode_helpers_are_context_managers_and_decorators() -> None:
     def f(x: Any) -> Any:
         return x + 1
@@ -1124,6 +1132,7 @@ def test_grad_mode_helpers_are_context_managers_and_decorators() -> None:
         assert helper(f)(1) == 2 and helper()(f)(1) == 2
 
 
+@pytest.mark.torch
 def test_default_dtype_like_torch() -> None:
     assert jm.get_default_dtype() is jm.float32
     try:
@@ -1212,6 +1221,7 @@ def test_with_x64_int64_results_are_int64() -> None:
     assert result.stdout.strip() == "ok"
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("reduce", ["add", "multiply"])
 def test_scatter_with_the_legacy_reduce_argument(reduce: str) -> None:
     case = Case("scatter", (np.ones((3, 4), np.float32), 0, SIDX, X34), {"reduce": reduce})

@@ -15,6 +15,8 @@ import jmodule.nn.functional as F
 import jmodule.optim
 from jmodule import nn
 
+pytestmark = pytest.mark.torch
+
 STEPS, BATCH = 200, 32
 
 

@@ -6,11 +6,12 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as TF
+from _torch import torch
 from layer_harness import ALL_CHECKS, LayerCase, parametrize
 
 import jmodule as jm
+
+TF = torch.nn.functional
 
 L, S, N, E, FF = 4, 5, 2, 8, 16
 NO_INIT = tuple(k for k in ALL_CHECKS if k != "init")
@@ -89,11 +90,13 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_transformer_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
 
 
+@pytest.mark.torch
 def test_generate_square_subsequent_mask_matches_torch():
     want = torch.nn.Transformer.generate_square_subsequent_mask(5).numpy()
     got = jm.nn.Transformer.generate_square_subsequent_mask(5)
@@ -103,6 +106,7 @@ def test_generate_square_subsequent_mask_matches_torch():
     )
 
 
+@pytest.mark.torch
 def test_causal_detection_is_not_needed_for_the_same_result():
     # PyTorch inspects the mask (is_causal=None) to pick a kernel; the result is
     # the mask's either way, which jmodule computes directly.
@@ -119,6 +123,7 @@ def test_causal_detection_is_not_needed_for_the_same_result():
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch
 def test_padded_positions_hold_the_regular_result_not_nested_tensor_zeros():
     # PyTorch's nested-tensor inference path (eval, no_grad, batch_first, a
     # padding mask) returns zeros at padded positions; with autograd on it
@@ -156,6 +161,7 @@ def test_dropout_in_training_is_seeded_and_compiles_like_eager():
                                atol=1e-6)  # fmt: skip
 
 
+@pytest.mark.torch
 def test_errors_match_torch():
     def torch_error(fn):
         with pytest.raises(Exception) as info, warnings.catch_warnings():

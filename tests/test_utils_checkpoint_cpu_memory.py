@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.utils.checkpoint as tcp
+from _torch import torch
 
 import jmodule as jm
 from jmodule.utils import checkpoint as ckpt_module
 from jmodule.utils.checkpoint import checkpoint
+
+tcp = torch.utils.checkpoint
 
 
 class _Encoder(jm.nn.Module):
@@ -171,6 +172,7 @@ def _jm_run(ck: bool, compiled: bool):
     )
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_float64_values_and_gradients_equal_plain_and_torch(compiled):
     """Three encoder blocks in float64: loss, every parameter's and the input's gradient

@@ -22,11 +22,12 @@ from typing import Any, NamedTuple
 
 import jax
 
+from jmodule import _jax_internals as _jx
+from jmodule import random as _random
+
 # The concrete array class (a type check on it is the fastest "is a plain array"
 # test); imported rather than made from an array, so import starts no backend.
-from jax._src.array import ArrayImpl as _ArrayImpl
-
-from jmodule import random as _random
+from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 from jmodule._lowering import errors as _errors
 from jmodule._lowering import hooks as _hooks
 from jmodule._lowering import program as _program
@@ -283,7 +284,7 @@ def _commit(slots: Sequence[Any]) -> tuple:
 
 def _uncommit(plan: Plan | None, error: Exception) -> bool:
     """Put back what ``_commit`` committed, if ``error`` is jax refusing it; True if it did."""
-    if plan is None or not plan.committed or "incompatible devices" not in str(error):
+    if plan is None or not plan.committed or not _jx.is_incompatible_devices_error(error):
         return False
     put_back = False
     for c, k, v, placed in plan.committed:

@@ -16,6 +16,8 @@ from typing import Any
 
 import jax
 
+from jmodule import _jax_internals as _jx
+
 __all__ = [
     "DeletedArrayError",
     "JitError",
@@ -107,11 +109,10 @@ _TEMPLATE = "Cannot compile {where}: {why}\n{location}Fix: {fix}\n{eager}\n(JAX 
 
 
 def _kinds() -> list[tuple[type, str, str]]:
-    from jax._src.export.shape_poly import InconclusiveDimensionOperation
-
     errors = jax.errors
     return [
-        (InconclusiveDimensionOperation, _WHY_SYMBOLIC, _FIX_SYMBOLIC),
+        # the public base of the class jax.export's shape polymorphism raises
+        (errors.InconclusiveDimensionOperation, _WHY_SYMBOLIC, _FIX_SYMBOLIC),
         (errors.TracerBoolConversionError, _WHY_BOOL, _FIX_BOOL),
         (errors.NonConcreteBooleanIndexError, _WHY_SHAPE, _FIX_SHAPE),
         (errors.TracerArrayConversionError, _WHY_NUMPY, _FIX_NUMPY),
@@ -263,7 +264,7 @@ def deleted_input(exc: BaseException, args: tuple[tuple, dict]) -> DeletedArrayE
 
     ``args``: the call's ``(args, kwargs)``, searched for the deleted array.
     """
-    if isinstance(exc, DeletedArrayError) or "has been deleted" not in str(exc):
+    if isinstance(exc, DeletedArrayError) or not _jx.is_deleted_array_error(exc):
         return None
     what = "An array it used"
     positional, named = args

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
+from jmodule import _jax_internals as _jx
 from jmodule._lowering import binding, guards, state, structure
 from jmodule._lowering import flat as _flat
 from jmodule._lowering import tape as _tape
@@ -653,8 +654,7 @@ def _regions(autocast: tuple | None) -> str:
 
 def _compiles(fn: Any) -> int:
     """Executables in a ``jax.jit`` function's cache (0 where jax does not say)."""
-    size = getattr(fn, "_cache_size", None)
-    return size() if size is not None else 0
+    return _jx.jit_cache_size(fn)
 
 
 # ----------------------------------------------------------------------------- per call
@@ -913,7 +913,7 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
         plan.fast = None
         return SLOW
     except jax.errors.JaxRuntimeError as e:  # a buffer shared with another slot
-        if "donat" not in str(e):
+        if not _jx.is_donation_error(e):
             raise
         plan.fresh = None
         return SLOW

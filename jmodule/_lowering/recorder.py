@@ -30,9 +30,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import core as _jax_core
-from jax._src.array import ArrayImpl as _ArrayImpl
+from jax.extend.core import set_current_trace as _set_current_trace
 
+from jmodule import _jax_internals as _jx
+from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 from jmodule._lowering import binding, state
 from jmodule._lowering import tape as _tape
 from jmodule._tensor import Tensor as _Tensor
@@ -103,7 +104,7 @@ class Recorder:
         self.z = z
         #: The eager tape recording the closure (``tape.py``), or None: ``jax.vjp``'s trace.
         self.tape = tape
-        self.trace = z._trace if tape is None else tape
+        self.trace = _jx.trace_of(z) if tape is None else tape
         #: Bindings active when it started (a compiled step's): values bound later (by a
         #: ``functional_call`` inside the closure) are not the parameters' own.
         self.depth = len(state.local.bound)
@@ -142,7 +143,7 @@ class Recorder:
         """Differentiate ``cell`` from now on: its slot holds ``tap(v, z)`` until the end."""
         index = len(self.tapped)
         if self.tape is not None and type(v) is _ArrayImpl and not v.committed:
-            with _jax_core.set_current_trace(self.tape.parent_trace):  # maybe in a nested trace
+            with _set_current_trace(self.tape.parent_trace):  # maybe in a nested trace
                 v = _committed(v)
         marked = self._mark(_Sink(self, index), v)
         self.tapped[id(cell)] = (cell, v, index)
@@ -183,11 +184,11 @@ class Recorder:
         if self.tape is not None:
             indices = sink.indices if type(sink) is _StackSink else (sink.index,)
             return self.tape.leaf(v, indices)
-        if _jax_core.trace_ctx.trace is self.trace:
+        if _jx.current_trace() is self.trace:
             return _tap(sink, v, self.z)
         # first read inside a nested transformation (scan, vmap, checkpoint): tap at this
         # recorder's level, so the value outlives the inner trace
-        with _jax_core.set_current_trace(self.trace):
+        with _set_current_trace(self.trace):
             return _tap(sink, v, self.z)
 
     def tap_array(self, x: Any) -> tuple[Any, int]:
@@ -198,7 +199,7 @@ class Recorder:
 
     def owns(self, v: Any) -> bool:
         """Whether ``v`` is a value of this recorder's trace (it depends on tapped values)."""
-        return isinstance(v, jax.core.Tracer) and getattr(v, "_trace", None) is self.trace
+        return isinstance(v, jax.core.Tracer) and _jx.trace_of(v) is self.trace
 
     def note_write(self, container: dict, key: str) -> None:
         """``container[key]`` is about to hold a value of this trace: restore it at the end."""
@@ -240,7 +241,7 @@ def outside(rec: Recorder) -> Iterator[None]:
     local = state.local
     local.recorder = rec.outer
     try:
-        with _jax_core.set_current_trace(rec.trace.parent_trace):
+        with _set_current_trace(_jx.parent_trace(rec.trace)):
             yield
     finally:
         local.recorder = rec
@@ -327,12 +328,12 @@ def _differentiate_eagerly(
     arrays.
     """
     outer = state.local.recorder
-    tape = _tape.TapeTrace(_jax_core.trace_ctx.trace)
+    tape = _tape.TapeTrace(_jx.current_trace())
     rec = Recorder(None, only, step_closure, tape=tape)
     state.local.recorder = rec
     ok = False
     try:
-        with _jax_core.set_current_trace(tape):
+        with _set_current_trace(tape):
             out = fn(rec)
         ok = True
     finally:

@@ -39,9 +39,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.array import ArrayImpl as _ArrayImpl
 
 from jmodule._convert import torch_to_numpy
+from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 
 __all__ = [
     "Cell",

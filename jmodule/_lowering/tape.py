@@ -25,15 +25,19 @@ by ``jax.vjp`` of that one call, their own rules honoured; nothing is cached
 for them, as their Python may differ from call to call.
 
 This file is the only one that subclasses JAX's ``Trace``/``Tracer``
-(``jax._src.core``): no public JAX API lets a library add an
-autodiff mode. The compiled programs are plain ``jax.jit`` programs (XLA
-caches them; a persistent compilation cache keeps them across processes).
+(``jax.core``): no public JAX API lets a library add an autodiff mode, so
+what the subclasses need of JAX's private protocol comes from
+``jmodule/_jax_internals.py``. A :class:`TapeTracer` keeps its trace in
+``_trace``, the slot JAX's ``Tracer`` declares and JAX reads; this file
+reads it only on its own tracers. ``TapeTrace.parent_trace`` is this
+file's own attribute (named as JAX's traces name theirs). The compiled
+programs are plain ``jax.jit`` programs (XLA caches them; a persistent
+compilation cache keeps them across processes).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,25 +45,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import set_current_trace as _set_current_trace
 
-# JAX internals, in one place: the Trace/Tracer protocol a new transformation
-# implements (no public API exists for it), and how to make a trace current.
-from jax._src import core as _core
+from jmodule import _jax_internals as _jx
+from jmodule._jax_internals import EvalTrace as _EvalTrace
+from jmodule._jax_internals import bind_with_trace as _bind_with_trace
+from jmodule._jax_internals import current_trace as _current_trace
 
 __all__ = ["TapeTrace", "TapeTracer", "active_tape", "concrete", "eager", "untaped", "usable"]
 
 _float0 = jax.dtypes.float0
-
-
-def _bind_with_trace(prim: Any, trace: Any, args: Sequence[Any], params: dict) -> Any:
-    """``prim.bind`` of ``args`` on ``trace`` (JAX 0.10+ passes the argument types too)."""
-    return prim.bind_with_trace(trace, args, [_core.typeof(a) for a in args], params)
-
-
-if len(inspect.signature(_core.Primitive.bind_with_trace).parameters) == 4:  # no avals
-
-    def _bind_with_trace(prim: Any, trace: Any, args: Sequence[Any], params: dict) -> Any:
-        return prim.bind_with_trace(trace, args, params)
 
 
 # ----------------------------------------------------------------------------- values
@@ -85,7 +80,7 @@ class _Node:
         self.cts: list | None = None
 
 
-class TapeTracer(_core.Tracer):
+class TapeTracer(jax.core.Tracer):
     """A value computed from differentiated parameters during an eager ``jm.backward``.
 
     It is its array (``.val``) for everything that reads values: ``print``,
@@ -98,22 +93,24 @@ class TapeTracer(_core.Tracer):
 
     def __init__(self, trace: TapeTrace, val: Any, node: _Node, index: int):
         self._trace = trace
-        self.aval = _core.typeof(val)
+        self.aval = jax.typeof(val)
         self.val = val
         self.node = node
         self.index = index
 
     def to_concrete_value(self) -> Any:
-        return _core.to_concrete_value(self.val)
+        return _jx.to_concrete_value(self.val)
 
     def full_lower(self) -> Any:
         return self.val if self._trace.done else self
 
     def get_referent(self) -> Any:
-        return _core.get_referent(self.val)
+        return _jx.get_referent(self.val)
 
-    def cur_qdd(self) -> Any:
-        return _core.cur_qdd(self.val)
+    if _jx.HAS_QDD:  # JAX 0.10's protocol (0.12 has no quasi-dynamic data)
+
+        def cur_qdd(self) -> Any:
+            return _jx.cur_qdd(self.val)
 
     def __repr__(self) -> str:
         return repr(self.val)
@@ -177,7 +174,7 @@ def usable(tree: Any) -> Any:
 
 def active_tape() -> TapeTrace | None:
     """The tape this thread is recording into now, or None."""
-    trace = _core.trace_ctx.trace
+    trace = _current_trace()
     return trace if type(trace) is TapeTrace else None
 
 
@@ -185,17 +182,17 @@ def untaped(fn: Callable, *args: Any) -> Any:
     """``fn(*args)`` computed beneath the active tape, if any (for values no gradient
     flows through: a ``jax.jit`` call then takes JAX's fast path, which a tape's trace
     would turn off)."""
-    trace = _core.trace_ctx.trace
+    trace = _current_trace()
     if type(trace) is TapeTrace:
-        with _core.set_current_trace(trace.parent_trace):
+        with _set_current_trace(trace.parent_trace):
             return fn(*args)
     return fn(*args)
 
 
 def eager() -> bool:
     """Whether this thread runs eagerly now (no JAX trace active, or only a tape's)."""
-    trace = _core.trace_ctx.trace
-    return type(trace) is _core.EvalTrace or type(trace) is TapeTrace
+    trace = _current_trace()
+    return type(trace) is _EvalTrace or type(trace) is TapeTrace
 
 
 # ----------------------------------------------------------------------------- programs
@@ -331,7 +328,7 @@ def _params_key(params: dict) -> Any:
     return items
 
 
-class TapeTrace(_core.Trace):
+class TapeTrace(jax.core.Trace):
     """The trace of one eager ``jm.backward``: runs each operation and records it on the tape.
 
     Args:
@@ -405,7 +402,7 @@ class TapeTrace(_core.Trace):
         """
         vals, srcs, tracked = self._split(args)
         if not tracked:
-            with _core.set_current_trace(self.parent_trace):
+            with _set_current_trace(self.parent_trace):
                 return direct(*vals)
         return self._run(key, lambda: fn, vals, srcs)
 
@@ -413,10 +410,10 @@ class TapeTrace(_core.Trace):
         kinds = tuple(
             _NONE if v is None else _GIVEN if s is None else _TRACKED for v, s in zip(vals, srcs)
         )
-        types = tuple(None if v is None else _core.typeof(v) for v in vals)
+        types = tuple(None if v is None else jax.typeof(v) for v in vals)
         op = _compiled((key, types, kinds), make, kinds)
         given = [v for v in vals if v is not None]
-        with _core.set_current_trace(self.parent_trace):
+        with _set_current_trace(self.parent_trace):
             outs, kept = op.fwd(*given)
         inputs = [given[i] for i in op.from_inputs]
         wrapped = self._wrap(op, (kept, inputs), srcs, outs)
@@ -430,7 +427,7 @@ class TapeTrace(_core.Trace):
             it = iter(t)
             return fn(*[next(it) if m else v for v, m in zip(vals, mask)])
 
-        with _core.set_current_trace(self.parent_trace):
+        with _set_current_trace(self.parent_trace):
             out, pullback = jax.vjp(f, *[v for v, m in zip(vals, mask) if m])
         outs, out_tree = jax.tree_util.tree_flatten(out)
         wrapped = self._wrap(_Pullback(outs, out_tree), pullback, srcs, outs)
@@ -466,11 +463,13 @@ class TapeTrace(_core.Trace):
     def stage_value(self, val: Any) -> Any:
         if type(val) is TapeTracer and val._trace is self:
             return val
-        with _core.set_current_trace(self.parent_trace):
+        with _set_current_trace(self.parent_trace):
             return self.parent_trace.stage_value(concrete(val))
 
-    def cur_qdd(self, x: Any) -> Any:
-        return _core.cur_qdd(concrete(x))
+    if _jx.HAS_QDD:
+
+        def cur_qdd(self, x: Any) -> Any:
+            return _jx.cur_qdd(concrete(x))
 
     # -------------------------------------------------------------- the backward pass
 

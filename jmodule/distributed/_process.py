@@ -15,6 +15,8 @@ from typing import Any
 
 import jax
 
+from jmodule import _jax_internals as _jx
+
 __all__ = ["get_rank", "get_world_size", "init", "is_initialized"]
 
 _ADDRESS_VARS = ("JAX_COORDINATOR_ADDRESS", "MASTER_ADDR + MASTER_PORT")
@@ -109,7 +111,7 @@ def init(
             **kwargs,
         )
     except RuntimeError as e:
-        if "before any JAX calls" in str(e) or "backend" in str(e).lower():
+        if _jx.is_backend_started_error(e):
             raise RuntimeError(
                 "jm.distributed.init() must run before anything uses JAX devices (creating a "
                 "model, an array, or calling jax.devices()): call it first in the program."

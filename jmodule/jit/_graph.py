@@ -15,6 +15,7 @@ from typing import Any
 import jax
 from jax.extend import core as jex_core
 
+from jmodule import _jax_internals as _jx
 from jmodule.jit import ops
 from jmodule.jit._trace import Traced
 
@@ -150,15 +151,10 @@ def render(
 
 
 def _pretty(jaxpr: Any, names: dict[Any, str]) -> str:
-    # JAX's printer with our names seeded (private API; jax is pinned below 0.11).
-    # Fresh names skip those in shared_jaxpr_names, so ours never collide.
+    # JAX's printer with our names seeded (a private API: _jax_internals.pretty_jaxpr).
+    # Fresh names skip ours, so they never collide.
     try:
-        from jax._src import core as _core
-
-        context = _core.JaxprPpContext(dict(names))
-        context.shared_jaxpr_names.update(names.values())
-        settings = _core.JaxprPpSettings(print_shapes=True)
-        return _core.pp_jaxpr(jaxpr, context, settings).format()
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover - future jax
+        return _jx.pretty_jaxpr(jaxpr, names)
+    except (AttributeError, TypeError):  # pragma: no cover - future jax
         legend = ", ".join(f"{i}: {n}" for i, n in enumerate(names.values()))
         return f"# inputs and outputs, in order: {legend}\n{jaxpr.pretty_print()}"

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import jax
 import numpy as np
 
+from jmodule import _jax_internals as _jx
 from jmodule._lowering import state as _state
 from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 from jmodule._version import __version__
@@ -34,11 +35,7 @@ PLATFORMS = ("cpu", "cuda")
 
 def serialization_version() -> int | None:
     """The ``jax.export`` serialization schema version of this jax (None if unknown)."""
-    try:
-        from jax._src.export import serialization
-    except ImportError:  # pragma: no cover - future jax
-        return None
-    return getattr(serialization, "_SERIALIZATION_VERSION", None)
+    return _jx.serialization_version()
 
 
 def _array_part(value: Any) -> tuple[bytes, dict[str, Any]]:

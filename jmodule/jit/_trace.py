@@ -179,7 +179,8 @@ def trace_symbolic(run: Callable[[Signature], Any], signature: Signature) -> tup
     comparison ``batch <= 1`` is inconclusive unless the symbol is constrained.
     Returns the result and the constraint used (``""`` for none).
     """
-    from jax._src.export.shape_poly import InconclusiveDimensionOperation
+    # the public base of the class jax.export's shape polymorphism raises
+    InconclusiveDimensionOperation = jax.errors.InconclusiveDimensionOperation
 
     try:
         return run(signature.symbolic()), ""

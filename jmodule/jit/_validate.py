@@ -314,7 +314,7 @@ def read(n):
 
 try:
     import jax
-    from jax._src.interpreters import mlir
+    from jax.interpreters import mlir
     start_error = None
 except Exception as e:
     start_error = type(e).__name__ + ": " + str(e)[:1000]

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
+from jmodule import _jax_internals as _jx
 from jmodule import random as _random
 from jmodule._lowering import state as _state
 
@@ -174,7 +175,7 @@ def key_dtype(impl: str) -> Any:
 
 def prng_impl(name: str) -> Any:
     """The PRNG implementation called ``name``, as ``random_wrap`` takes it."""
-    return key_dtype(name)._impl
+    return _jx.prng_impl(key_dtype(name))
 
 
 def spec(shape: Sequence[int], dtype: Any, weak_type: bool = False) -> jax.ShapeDtypeStruct:

@@ -52,7 +52,7 @@ import threading
 from pathlib import Path
 from typing import NamedTuple
 
-from jmodule.serialization import _metafile
+from jmodule.serialization import _metafile, _threads
 
 _HOST = hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
 #: ``rename(2)`` errors that mean the destination exists (and is not an empty directory).
@@ -167,9 +167,12 @@ def discard(path: Path) -> None:
 
     The thread is not a daemon: Python waits for it before exiting, so a
     process that ends normally leaves nothing behind; one killed meanwhile
-    leaves a hidden leftover that :func:`repair` removes.
+    leaves a hidden leftover that :func:`repair` removes. While Python exits
+    (no new thread), it deletes here.
     """
-    threading.Thread(target=rmtree, args=(path,), name=f"{_DISCARDING} {path.name}").start()
+    thread = threading.Thread(target=rmtree, args=(path,), name=f"{_DISCARDING} {path.name}")
+    if not _threads.start(thread):
+        rmtree(path)
 
 
 def settle() -> None:

@@ -8,19 +8,22 @@ carry ``crc32`` (``zlib.crc32``, about 1 GB/s), which is still verified.
 Both detect every single-bit flip and every burst of up to 32 bits.
 
 Nothing here is shared between calls: each batch runs on threads it starts
-and stops itself.
+and stops itself (through ``_threads``, so that it works while Python exits).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
+import queue
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import google_crc32c
 import numpy as np
+
+from jmodule.serialization import _threads
 
 #: The algorithm new checkpoint directories are written with.
 ALGORITHM = "crc32c"
@@ -58,33 +61,68 @@ def crc32(x: Any) -> str:
 
 
 class Batch:
-    """Checksums computed on a thread of their own while the caller does other work.
+    """Checksums computed on threads of their own while the caller does other work.
 
     Use as a context manager: ``add`` starts one, ``results`` waits for all
     of them, leaving the block stops the threads. One thread (the default)
     checksums several GB/s while leaving the other cores to the work it
-    overlaps (Orbax's writer, TensorStore's reads).
+    overlaps (Orbax's writer, TensorStore's reads). Where no thread can start
+    (Python exiting), ``add`` computes the checksum itself.
     """
 
     def __init__(self, workers: int = 1):
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jm-crc")
-        self._futures: list[concurrent.futures.Future] = []
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._out: list[list] = []  # per checksum: [digest or None, error or None]
+        self._refused = False
 
     def add(self, x: Any, algorithm: str = ALGORITHM) -> None:
         """Start the checksum of ``x`` with ``algorithm``."""
-        self._futures.append(self._pool.submit(digest, x, algorithm))
+        slot: list = [None, None]
+        self._out.append(slot)
+        if len(self._threads) < self._workers and not self._refused:
+            thread = threading.Thread(target=self._work, name="jm-crc")
+            if _threads.start(thread):
+                self._threads.append(thread)
+            else:
+                self._refused = True
+        if self._threads:
+            self._jobs.put((slot, x, algorithm))
+        else:
+            self._compute(slot, x, algorithm)
+
+    @staticmethod
+    def _compute(slot: list, x: Any, algorithm: str) -> None:
+        try:
+            slot[0] = digest(x, algorithm)
+        except BaseException as error:
+            slot[1] = error
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._compute(*job)
+
+    def _stop(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
     def results(self) -> list[str]:
         """Every checksum started, in the order started."""
-        return [f.result() for f in self._futures]
+        self._stop()
+        for _, error in self._out:
+            if error is not None:
+                raise error
+        return [d for d, _ in self._out]
 
     def __enter__(self) -> Batch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for f in self._futures:
-            f.cancel()
-        self._pool.shutdown(wait=True)
+        self._stop()
 
 
 def many(arrays: Iterable[Any], algorithms: Iterable[str] | str = ALGORITHM) -> list[str]:
@@ -107,9 +145,7 @@ def many(arrays: Iterable[Any], algorithms: Iterable[str] | str = ALGORITHM) -> 
         for i in share:
             out[i] = digest(arrays[i], names[i])
 
-    with concurrent.futures.ThreadPoolExecutor(len(shares), thread_name_prefix="jm-crc") as pool:
-        for f in [pool.submit(run, share) for share in shares]:
-            f.result()
+    _threads.each(run, shares, "jm-crc")
     return out
 
 

@@ -66,12 +66,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core as _jax_core
-from jax._src.interpreters import ad as _ad
-from jax._src.interpreters import partial_eval as _pe
 from jax.extend import core as jex_core
 from jax.extend.core import jaxpr_as_fun
+from jax.interpreters import partial_eval as _pe
 
+from jmodule import _jax_internals as _jx
 from jmodule import random as _random
 from jmodule._lowering import binding, state
 from jmodule.nn.modules.module import Module
@@ -199,13 +198,11 @@ def _recompute_after_cotangent() -> bool:
     """
     if jax.default_backend() != "cpu":
         return False
-    trace = _jax_core.trace_ctx.trace
+    trace = _jx.current_trace()
     while trace is not None:
-        if isinstance(trace, _ad.JVPTrace) or (
-            isinstance(trace, _ad.LinearizeTrace) and not trace.is_vjp
-        ):
+        if _jx.forward_mode(trace):
             return False  # forward mode: jax.jvp, jax.jacfwd, jax.linearize
-        trace = getattr(trace, "parent_trace", None)
+        trace = _jx.parent_trace(trace)
     return True
 
 
@@ -254,7 +251,7 @@ def _after_cotangent(
         lambda *a: region(*jax.tree_util.tree_unflatten(in_tree, a)), return_shape=True
     )(*flat)
     out_tree = jax.tree_util.tree_structure(shapes)
-    program = _pe.convert_constvars_jaxpr(closed.jaxpr)  # consts first, then ``flat``
+    program = _jx.convert_constvars_jaxpr(closed.jaxpr)  # consts first, then ``flat``
     inputs = [*closed.consts, *flat]
     real = [jnp.issubdtype(a.dtype, jnp.inexact) for a in closed.out_avals]
     out: list[Any] = [None] * len(real)

@@ -10,8 +10,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.array import ArrayImpl as _ArrayImpl
 
+from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 from jmodule._lowering import state as _state
 from jmodule._lowering import tape as _tape
 from jmodule._lowering.state import is_cell

@@ -40,9 +40,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core as _jax_core
-from jax._src.interpreters import partial_eval as _pe
 
+from jmodule import _jax_internals as _jx
 from jmodule import random as _random
 from jmodule._lowering import binding, state, structure
 from jmodule._lowering import flat as _flat
@@ -478,13 +477,13 @@ def _staged() -> bool:
     Outside one (eager code, ``jm.backward`` run eagerly) nothing is compiled, so there
     is no compile time to save: the blocks then run one by one, as PyTorch runs them.
     """
-    trace = _jax_core.trace_ctx.trace
+    trace = _jx.current_trace()
     while trace is not None:
-        if isinstance(trace, _jax_core.EvalTrace):
+        if isinstance(trace, _jx.EvalTrace):
             return False
-        if isinstance(trace, _pe.DynamicJaxprTrace):
+        if isinstance(trace, _jx.DynamicJaxprTrace):
             return True
-        trace = getattr(trace, "parent_trace", None)
+        trace = _jx.parent_trace(trace)
     return True
 
 

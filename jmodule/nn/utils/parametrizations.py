@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src.lax.linalg import geqrf as _geqrf
 
 from jmodule import random as _random
 from jmodule._lowering import state as _state
@@ -176,7 +175,8 @@ class _Orthogonal(Module):
                     "It is not possible to assign to the matrix exponential "
                     "or the Cayley parametrizations when use_trivialization=False."
                 )
-            A, tau = _geqrf(Q)
+            H, tau = jnp.linalg.qr(Q, mode="raw")  # LAPACK's geqrf, transposed as NumPy's
+            A = _mT(H)
             diag = jnp.sign(jnp.diagonal(A, axis1=-2, axis2=-1))
             diag = jnp.where(tau == 0.0, -diag, diag)
             eye = jnp.eye(n, k, dtype=bool)

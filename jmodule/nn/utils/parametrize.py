@@ -36,9 +36,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
-from jax._src import core as _jax_core
-from jax._src.interpreters import partial_eval as _pe
 
+from jmodule import _jax_internals as _jx
 from jmodule._lowering import state as _state
 from jmodule.nn.modules.container import ModuleDict, ModuleList
 from jmodule.nn.modules.module import Module
@@ -123,7 +122,7 @@ def cached() -> Iterator[None]:
     local = _state.local
     outer = local.parametrize_cache
     if outer is None:
-        local.parametrize_cache = _Cache(_jax_core.trace_ctx.trace)
+        local.parametrize_cache = _Cache(_jx.current_trace())
     try:
         yield
     finally:
@@ -135,7 +134,7 @@ def _context() -> tuple[Any, Any, Any]:
     """Where a value was computed: the JAX trace, the innermost binding, the recorder."""
     local = _state.local
     return (
-        _jax_core.trace_ctx.trace,
+        _jx.current_trace(),
         local.bound[-1] if local.bound else None,
         local.recorder,
     )
@@ -144,9 +143,9 @@ def _context() -> tuple[Any, Any, Any]:
 def _traced_since(trace: Any, since: Any) -> bool:
     """Whether a jaxpr trace (jit, scan, checkpoint) began between ``since`` and ``trace``."""
     while trace is not None and trace is not since:
-        if isinstance(trace, _pe.DynamicJaxprTrace):
+        if isinstance(trace, _jx.DynamicJaxprTrace):
             return True
-        trace = getattr(trace, "parent_trace", None)
+        trace = _jx.parent_trace(trace)
     return False
 
 

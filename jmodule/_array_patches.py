@@ -1,4 +1,6 @@
-"""Errors that teach, on ``jax.Array`` itself, for what PyTorch users try first.
+"""Teaching errors installed on JAX's array and tracer classes: the one module that patches JAX.
+
+Errors that teach, on ``jax.Array`` itself, for what PyTorch users try first.
 
 jmodule's activations are plain ``jax.Array``\\ s (and tracers inside compiled
 code), so ``loss.backward()`` and ``h.view(3, -1)`` reach JAX, whose answers
@@ -22,7 +24,9 @@ jmodule adds, on JAX's array and tracer classes:
 A tracer looks up what its class lacks through ``Tracer.__getattr__``, which
 Python also calls when a property raises ``AttributeError``; for the hinted
 names it raises the hint (every other name goes to JAX's own, unchanged).
-Nothing valid in JAX behaves differently.
+Nothing valid in JAX behaves differently (``tests/test_array_patches.py``
+checks JAX's own ``view(dtype)`` on arrays and tracers). No other module of
+jmodule assigns attributes to JAX's classes.
 """
 
 from __future__ import annotations
@@ -122,8 +126,9 @@ def _hint(name: str) -> str | None:
 
 
 def _install() -> None:
-    from jax._src.array import ArrayImpl
     from jax.core import Tracer
+
+    from jmodule._jax_internals import ArrayImpl
 
     if not getattr(Tracer, "_jm_hints", False):
         original_getattr = Tracer.__getattr__
