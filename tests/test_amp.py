@@ -209,6 +209,21 @@ def test_op_output_dtypes_match_torch_cpu_autocast(name, call, dtype):
     assert got == want
 
 
+def _torch_autocast_call(ref, args):
+    """``ref(*args)`` inside torch's CPU autocast region.
+
+    Under autocast torch runs ``nn.LSTM`` as oneDNN's ``mkldnn_rnn_layer`` in bfloat16,
+    every floating argument cast. On CPUs whose oneDNN has no bfloat16 LSTM for a float32
+    input (AMD Zen 3, for one) torch 2.13 raises instead of answering; torch's answer
+    is then the one for the arguments autocast casts them to, which it gives there."""
+    try:
+        return ref(*args)
+    except RuntimeError as e:
+        if "primitive descriptor for the LSTM forward" not in str(e):
+            raise
+        return ref(*[a.to(torch.bfloat16) for a in args])
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
@@ -222,7 +237,7 @@ def test_layer_output_dtypes_match_torch_cpu_autocast(name, train, dtype):
     tx, jx = torch.from_numpy(x).to(getattr(torch, dtype)), jnp.asarray(x, dtype=dtype)
     n = 3 if name == "MultiheadAttention" else 1
     with torch.autocast("cpu"), torch.set_grad_enabled(train):
-        want = _dtypes(ref(*[tx] * n))
+        want = _dtypes(_torch_autocast_call(ref, [tx] * n))
     with jm.autocast("cpu"):
         got = _dtypes(ours(*[jx] * n))
     assert got == want
