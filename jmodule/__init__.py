@@ -67,6 +67,7 @@ from jmodule.autograd import backward as backward
 from jmodule.autograd import enable_grad as enable_grad
 from jmodule.autograd import grad as grad
 from jmodule.autograd import inference_mode as inference_mode
+from jmodule.autograd import is_grad_enabled as is_grad_enabled
 from jmodule.autograd import no_grad as no_grad
 from jmodule.autograd import set_grad_enabled as set_grad_enabled
 from jmodule.autograd import value_and_grad as value_and_grad

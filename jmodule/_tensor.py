@@ -62,8 +62,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule import _device
+from jmodule import _jax_internals as _jx
 from jmodule._convert import torch_scalar_name
 from jmodule._lowering import state
+from jmodule._lowering.tape import TapeTracer as _TapeTracer
 
 __all__ = [
     "Size",
@@ -71,7 +73,9 @@ __all__ = [
     "Tensor",
     "adopt",
     "has",
+    "in_graph",
     "install",
+    "install_autograd",
     "preserving",
     "unwrap_call",
     "wrap",
@@ -188,6 +192,96 @@ def wrap_view(out: Any, src: Any) -> Any:
     )
 
 
+# ------------------------------------------------------------------------- the graph
+#
+# ``loss.backward()``: eagerly, with grad mode on, a module called on jm.Tensors and
+# every Tensor operation on a value of the graph (or on a parameter) run on this
+# thread's graph tape (``recorder.in_graph``). Their Tensors hold the tape's values
+# (``TapeTracer`` s: concrete for printing, ``float()`` and control flow); jnp and
+# numpy get the arrays. Inside traced code there is no graph (``jm.backward`` there).
+
+
+def _graph_arg(a: Any) -> bool:
+    if type(a) is Tensor:
+        v = a._v
+        return type(v) is _TapeTracer and v._trace.graph
+    return state.is_cell(a) and state.requires_grad(a)
+
+
+def _graph_args(args: tuple, kwargs: dict) -> bool:
+    """Whether a value of a graph, or a parameter that requires grad, is among the
+    arguments (one level into tuples and lists)."""
+    for a in args:
+        t = type(a)
+        if t is tuple or t is list:
+            if any(_graph_arg(e) for e in a):
+                return True
+        elif _graph_arg(a):
+            return True
+    if kwargs:
+        return _graph_args(tuple(kwargs.values()), {})
+    return False
+
+
+def recording() -> bool:
+    """Whether calls made now record the graph: grad mode on, no gradient being taken,
+    no trace (not even a tape's)."""
+    local = state.local
+    return (
+        local.grad_enabled
+        and local.recorder is None
+        and not local.bound
+        and type(_jx.current_trace()) is _jx.EvalTrace
+    )
+
+
+#: What recording and walking the graph take from the layers above this module
+#: (``recorder.in_graph``, ``autograd.tensor_backward``): given once, at import, by
+#: ``jmodule/autograd.py`` (:func:`install_autograd`).
+_AUTOGRAD: dict[str, Callable] = {}
+
+
+def install_autograd(in_graph: Callable, backward: Callable) -> None:
+    """Give Tensors the graph's recorder and its backward walk (called once)."""
+    _AUTOGRAD["in_graph"] = in_graph
+    _AUTOGRAD["backward"] = backward
+
+
+def in_graph(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` recorded on the graph (``recorder.in_graph``)."""
+    return _AUTOGRAD["in_graph"](fn, args, kwargs)
+
+
+def _aware(fn: Callable) -> Callable:
+    """``fn`` (a Tensor method) recorded on the graph when given a value of it."""
+
+    @functools.wraps(fn)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        if _graph_args(args, kwargs) and recording():
+            return in_graph(fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return method
+
+
+def wrap_graph(out: Any) -> Any:
+    """``out`` with each value of a graph in it a Tensor (other arrays stay arrays)."""
+    if type(out) is _TapeTracer:
+        return _make(out)
+    if isinstance(out, (tuple, list)):
+        items = [wrap_graph(o) for o in out]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    return out
+
+
+def _value(v: Any) -> Any:
+    """``v``, or for a value of a graph outside its tape's trace, its array (what jnp,
+    numpy and jax.jit see: they do not differentiate)."""
+    if type(v) is _TapeTracer and v.live():
+        return v.val
+    return v
+
+
 def preserving(fn: Callable, name: str | None = None, *, always: bool = False) -> Callable:
     """``fn`` (a torch function taking and returning arrays) for Tensors too: with a Tensor
     among its arguments it computes with the arrays and returns Tensors; without one it is
@@ -202,6 +296,8 @@ def preserving(fn: Callable, name: str | None = None, *, always: bool = False) -
                 return fn(*args, **kwargs)
             out = fn(*args, **kwargs)
             return wrap_view(out, None) if views else wrap(out)
+        if _graph_args(args, kwargs) and recording():
+            return in_graph(call, args, kwargs)
         src = _first(args) if views else None
         args, kwargs = unwrap_call(args, kwargs)
         out = fn(*args, **kwargs)
@@ -337,8 +433,12 @@ class Tensor(metaclass=_TensorMeta):
 
     @property
     def data(self) -> Tensor:
-        """The tensor itself (PyTorch's ``.data``: the same values, no gradient history);
-        assigning it replaces the value."""
+        """The tensor itself (PyTorch's ``.data``: the same values, no gradient history;
+        for a value of the graph, a Tensor of its array); assigning it replaces the
+        value."""
+        v = self._v
+        if type(v) is _TapeTracer and v._trace.graph:
+            return _make(v.val)
         return self
 
     @data.setter
@@ -348,13 +448,14 @@ class Tensor(metaclass=_TensorMeta):
     @property
     def array(self) -> jax.Array:
         """The plain ``jax.Array`` (a tracer inside traced code)."""
-        return self._v
+        return _value(self._v)
 
     def __jax_array__(self) -> jax.Array:
-        return self._v
+        return _value(self._v)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = np.asarray(self._v)
+        v = self._v
+        out = np.asarray(v.val if type(v) is _TapeTracer else v)
         return out if dtype is None else out.astype(dtype)
 
     def __repr__(self) -> str:
@@ -410,7 +511,7 @@ class Tensor(metaclass=_TensorMeta):
         """Where the value is, as a ``jm.device``. Inside traced code, the device the
         program runs on by default (what ``device=`` arguments need there: creation
         functions place nothing while tracing)."""
-        v = self._v
+        v = _value(self._v)
         if isinstance(v, _Tracer) or not isinstance(v, jax.Array):
             return _device.device(state.traced_device())
         return _device.device(next(iter(v.devices())))
@@ -432,9 +533,45 @@ class Tensor(metaclass=_TensorMeta):
 
     @property
     def requires_grad(self) -> bool:
-        """False: gradients are taken by ``jm.backward`` of the parameters read, not
-        recorded on activations."""
-        return False
+        """Whether this is a value of the graph ``backward()`` walks (computed eagerly
+        from parameters, with grad mode on)."""
+        v = self._v
+        return type(v) is _TapeTracer and v._trace.graph
+
+    def backward(
+        self,
+        gradient: Any = None,
+        retain_graph: bool | None = None,
+        create_graph: bool = False,
+        inputs: Any = None,
+    ) -> None:
+        """Accumulate the gradient of this value into every parameter's ``.grad``, as
+        PyTorch's ``loss.backward()``.
+
+        Eagerly, with grad mode on (outside ``jm.no_grad``), a module called on a
+        jm.Tensor and the Tensor operations on what it returns record the graph
+        this walks back; gradients add to ``.grad`` (``zero_grad()`` between steps).
+        The graph is freed by the walk unless ``retain_graph``. Inside
+        ``jm.compile`` there is no graph: use ``jm.backward(closure)`` there.
+
+        Args:
+            gradient: d(something)/d(this value), for a non-scalar value.
+            retain_graph: keep the graph for another ``backward``.
+            create_graph: not supported (use ``jm.grad`` for higher derivatives).
+            inputs: modules and/or Parameters: accumulate only into these.
+
+        Raises:
+            RuntimeError: the value is not part of a graph, is not a scalar and no
+                ``gradient`` was given, or its graph was freed by an earlier backward.
+
+        >>> import jmodule.torch as torch
+        >>> model = torch.nn.Linear(3, 1)
+        >>> loss = model(torch.ones(4, 3)).sum()
+        >>> loss.backward()
+        >>> model.weight.grad.tolist()
+        [[4.0, 4.0, 4.0]]
+        """
+        _AUTOGRAD["backward"](self, gradient, retain_graph, create_graph, inputs)
 
     def contiguous(self, memory_format: Any = None) -> Tensor:
         """The tensor itself, or for a view a new Tensor of the same values (a copy in
@@ -471,7 +608,7 @@ class Tensor(metaclass=_TensorMeta):
 
     def numpy(self, force: bool = False) -> np.ndarray:
         """The values as a numpy array."""
-        return np.asarray(self._v)
+        return self.__array__()
 
     def item(self) -> Any:
         """The one value, as a Python number."""
@@ -585,7 +722,10 @@ class Tensor(metaclass=_TensorMeta):
 
 
 def _flatten(t: Tensor) -> tuple[tuple[Any], None]:
-    return (t._v,), None
+    v = t._v
+    if type(v) is _TapeTracer and v.live():
+        return (v.val,), None
+    return (v,), None
 
 
 def _unflatten(_: None, children: Any) -> Tensor:
@@ -729,6 +869,8 @@ def install(functions: dict[str, Callable]) -> None:
             views = name in VIEWS
 
             def method(*args: Any, **kwargs: Any) -> Any:
+                if _graph_args((self, *args), kwargs) and recording():
+                    return in_graph(method, args, kwargs)
                 for alias, torch_name in (("axis", "dim"), ("keepdims", "keepdim")):
                     if alias in kwargs:  # the NumPy spellings torch accepts too
                         kwargs[torch_name] = kwargs.pop(alias)
@@ -742,13 +884,15 @@ def install(functions: dict[str, Callable]) -> None:
         if base is not None:
 
             def inplace(*args: Any, **kwargs: Any) -> Tensor:
+                if _graph_args((self, *args), kwargs) and recording():
+                    return in_graph(inplace, args, kwargs)
                 a, k = unwrap_call(args, kwargs)
                 return self._update(lambda v: base(v, *a, **k))
 
             inplace.__name__ = name
             return inplace
         try:
-            attr = getattr(self._v, name)
+            attr = getattr(_value(self._v), name)
         except AttributeError:
             raise AttributeError(
                 f"'Tensor' object has no attribute '{name}' (jm.Tensor has torch.Tensor's "
@@ -804,3 +948,28 @@ def install(functions: dict[str, Callable]) -> None:
         method.__name__ = method.__qualname__ = name
         setattr(Tensor, name, method)
     Tensor.__getattr__ = _getattr
+    _record_methods()
+
+
+#: Tensor's own functions that do not compute (or see the array themselves).
+_UNRECORDED = frozenset(
+    "__init__ __jax_array__ __array__ __repr__ __getattr__ __getstate__ __setstate__ "
+    "__deepcopy__ __copy__ __len__ __iter__ backward numpy _read _meta_or_value _peek _store "
+    "_update _placed _new".split()
+)
+_UNRECORDED_PROPERTIES = frozenset("data array shape size dtype ndim device requires_grad".split())
+
+
+def _record_methods() -> None:
+    """Make every Tensor method and property that computes record the graph when given
+    a value of it (``_aware``); called once, when the methods are all in place."""
+    for name, attr in list(vars(Tensor).items()):
+        if name in _UNRECORDED:
+            continue
+        if isinstance(attr, property):
+            if name not in _UNRECORDED_PROPERTIES and attr.fget is not None:
+                setattr(
+                    Tensor, name, property(_aware(attr.fget), attr.fset, attr.fdel, attr.__doc__)
+                )
+        elif callable(attr) and not isinstance(attr, type) and hasattr(attr, "__code__"):
+            setattr(Tensor, name, _aware(attr))

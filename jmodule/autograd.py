@@ -14,14 +14,17 @@ machinery.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jmodule import _tensor
 from jmodule._lowering import recorder as _recorder
 from jmodule._lowering import state
+from jmodule._lowering import tape as _tape
 from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.binding import TracerLeakError
 from jmodule.nn.modules.module import Module
@@ -32,6 +35,7 @@ __all__ = [
     "enable_grad",
     "grad",
     "inference_mode",
+    "is_grad_enabled",
     "no_grad",
     "set_grad_enabled",
     "value_and_grad",
@@ -126,6 +130,56 @@ def backward(
         _tracebacks.hide(e)
         raise
     return (loss, aux) if has_aux else loss
+
+
+def tensor_backward(
+    tensor: Any, gradient: Any, retain_graph: bool | None, create_graph: bool, inputs: Any
+) -> None:
+    """``Tensor.backward`` (see its docs): walk the graph back from ``tensor``."""
+    if create_graph:
+        raise RuntimeError(
+            "backward(create_graph=True) is not supported: gradients are plain arrays. For "
+            "higher-order derivatives compose jm.grad / jax.grad."
+        )
+    v = tensor._v
+    if type(v) is not _tape.TapeTracer or not v._trace.graph:
+        raise RuntimeError(NO_GRAPH_HELP)
+    if gradient is None:
+        if v.shape != ():
+            raise RuntimeError(
+                "grad can be implicitly created only for scalar outputs (this value has shape "
+                f"{tuple(v.shape)}: pass backward(gradient=...))"
+            )
+        seed = _tape._seed(v.val)
+    else:
+        seed = _tape.concrete(state.value(_tensor._plain(gradient)))
+        seed = jnp.asarray(seed, v.dtype)
+        if seed.shape != v.shape:
+            raise RuntimeError(
+                f"Mismatch in shape: grad_output[0] has a shape of {tuple(seed.shape)} and "
+                f"output[0] has a shape of {tuple(v.shape)}."
+            )
+    only = None if inputs is None else _targets(inputs)
+    try:
+        per_recorder = v._trace.backward_graph(v, seed, retain=bool(retain_graph))
+        for rec, grads in per_recorder.items():
+            if only is not None:
+                keep = {i for p, _, i in rec.tapped.values() if id(p) in only}
+                grads = {i: g for i, g in grads.items() if i in keep}
+            _accumulate(rec, grads, zeroed=frozenset())
+    except Exception as e:
+        _tracebacks.hide(e)
+        raise
+
+
+NO_GRAPH_HELP = (
+    "element 0 of tensors does not require grad and does not have a grad_fn: this value was "
+    "not computed from parameters in grad mode. loss.backward() walks the graph that eager "
+    "calls record with grad mode on (outside jm.no_grad): a module called on a jm.Tensor "
+    "(jmodule.torch's tensors are), and Tensor operations or jm functions on what it "
+    "returns. A jax.Array has no graph, and inside jm.compile / jax.jit there is none: there, "
+    "differentiate a closure with jm.backward(lambda: loss_fn(model(x), y))."
+)
 
 
 def _checked(out: Any, has_aux: bool) -> Any:
@@ -303,66 +357,119 @@ def grad(
 
 
 class _GradMode:
-    """A grad-mode helper: a no-op context manager that is also a decorator, used with or
+    """A grad-mode switch: a context manager that is also a decorator, used with or
     without parentheses (``@jm.no_grad`` and ``@jm.no_grad()``), as PyTorch's are.
 
-    jmodule records no graph outside ``jm.backward``/``jm.grad``, so there is
-    nothing to switch: these exist so that ported code runs unchanged. Inside
-    a differentiated closure they do not cut gradients; do that explicitly
-    with ``param.detach()`` or ``jax.lax.stop_gradient``.
+    Grad mode belongs to the thread (as PyTorch's). It decides whether eager
+    calls on jm.Tensors record the graph ``loss.backward()`` walks: under
+    ``no_grad`` they compute values only (no residuals kept, as PyTorch). It does
+    not reach into ``jm.backward``/``jm.grad``, which differentiate what their
+    closure reads whatever the mode (cut gradients there with ``.detach()`` or
+    ``jax.lax.stop_gradient``), nor compiled code, which records no graph.
     """
+
+    #: The grad mode inside the block (None: this helper does not change it).
+    _mode: bool | None = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], bool):
-            return args[0]  # used as a bare decorator: the function, unchanged
+            return cls()(args[0])  # used as a bare decorator
         return super().__new__(cls)
 
     def __enter__(self) -> None:
-        return None
+        local = state.local
+        self.__dict__.setdefault("_outer", []).append(local.grad_enabled)
+        if self._mode is not None:
+            local.grad_enabled = self._mode
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        state.local.grad_enabled = self._outer.pop()
 
     def __call__(self, fn: Callable) -> Callable:
-        return fn
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self.clone():
+                return fn(*args, **kwargs)
+
+        return run
 
     def clone(self) -> _GradMode:
         """A fresh helper of the same kind (PyTorch's ``clone``)."""
-        return self
+        fresh = object.__new__(type(self))
+        fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_outer"})
+        return fresh
 
 
 class no_grad(_GradMode):
-    """``with jm.no_grad():`` / ``@jm.no_grad`` / ``@jm.no_grad()``: accepted for porting,
-    and a no-op (see ``_GradMode``).
+    """``with jm.no_grad():`` / ``@jm.no_grad`` / ``@jm.no_grad()``: grad mode off in
+    the block (see ``_GradMode``): no graph is recorded for ``loss.backward()``.
 
     >>> import jmodule as jm
     >>> @jm.no_grad
     ... def evaluate(x):
-    ...     return x * 2
+    ...     return x * 2, jm.is_grad_enabled()
     >>> with jm.no_grad():
     ...     evaluate(3)
-    6
+    (6, False)
+    >>> jm.is_grad_enabled()
+    True
     """
 
 
 class enable_grad(_GradMode):
-    """``with jm.enable_grad():`` / ``@jm.enable_grad``: a no-op, as :class:`no_grad`."""
+    """``with jm.enable_grad():`` / ``@jm.enable_grad``: grad mode on in the block."""
+
+    _mode = True
 
 
 class inference_mode(_GradMode):
     """``with jm.inference_mode():`` / ``@jm.inference_mode`` / ``@jm.inference_mode(False)``:
-    a no-op, as :class:`no_grad` (compile with ``model.compile()`` for fast inference)."""
+    as :class:`no_grad`; ``inference_mode(False)`` leaves the mode as it is (compile with
+    ``model.compile()`` for fast inference)."""
 
     def __init__(self, mode: bool = True) -> None:
         self.mode = bool(mode)
+        self._mode = False if self.mode else None
 
 
 class set_grad_enabled(_GradMode):
-    """``jm.set_grad_enabled(mode)``, as a call, a context manager or a decorator: a no-op
-    (see :class:`no_grad`)."""
+    """``jm.set_grad_enabled(mode)``: as a call, sets this thread's grad mode; as a
+    context manager or a decorator, sets it for the block and restores it after (as
+    PyTorch's)."""
 
     def __new__(cls, mode: bool) -> set_grad_enabled:
         return super().__new__(cls)
 
     def __init__(self, mode: bool) -> None:
         self.mode = bool(mode)
+        self._mode = self.mode
+        self._before = state.local.grad_enabled
+        state.local.grad_enabled = self.mode  # a plain call sets it (torch's semantics)
+
+    def __enter__(self) -> None:
+        self.__dict__.setdefault("_outer", []).append(self._before)
+
+    def __call__(self, fn: Callable) -> Callable:
+        state.local.grad_enabled = self._before  # as a decorator it sets nothing until called
+        return super().__call__(fn)
+
+    def clone(self) -> _GradMode:
+        fresh = object.__new__(type(self))
+        fresh.mode = fresh._mode = self.mode
+        fresh._before = state.local.grad_enabled
+        state.local.grad_enabled = self.mode
+        return fresh
+
+
+def is_grad_enabled() -> bool:
+    """Whether grad mode is on in this thread (see :class:`no_grad`).
+
+    >>> import jmodule as jm
+    >>> with jm.set_grad_enabled(False):
+    ...     jm.is_grad_enabled()
+    False
+    """
+    return state.local.grad_enabled
+
+
+_tensor.install_autograd(_recorder.in_graph, tensor_backward)

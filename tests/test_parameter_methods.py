@@ -34,7 +34,7 @@ def _outcome(fn):
         return (type(e), str(e).splitlines()[0])
     if isinstance(out, torch.Tensor):
         return ("array", out.detach().numpy().tolist(), str(out.dtype).split(".")[-1])
-    if isinstance(out, (jax.Array, nn.Parameter)):
+    if isinstance(out, (jax.Array, nn.Parameter, jm.Tensor)):  # a Tensor in grad mode
         return ("array", np.asarray(out).tolist(), str(np.asarray(out).dtype))
     if isinstance(out, torch.Size):
         return ("size", tuple(out))

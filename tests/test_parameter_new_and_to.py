@@ -98,7 +98,11 @@ def test_conversion_methods_as_torch(src, method):
     t_out, j_out = getattr(tp, method)(), getattr(jp, method)()
     assert (t_out is tp) == (j_out is jp)
     assert type(t_out) is (torch.nn.Parameter if t_out is tp else torch.Tensor)
-    assert isinstance(j_out, nn.Parameter if j_out is jp else jax.Array)
+    if j_out is jp:
+        assert isinstance(j_out, nn.Parameter)
+    else:  # torch's result has a grad_fn when differentiable: jmodule's is on the graph
+        assert t_out.requires_grad == (type(j_out) is jm.Tensor and j_out.requires_grad)
+        assert isinstance(j_out if type(j_out) is not jm.Tensor else j_out.array, jax.Array)
     assert _narrow(_name(t_out.dtype)) == str(j_out.dtype)
     np.testing.assert_array_equal(
         np.asarray(j_out, dtype=np.float32), _comparable(t_out).detach().numpy().astype(np.float32)

@@ -332,7 +332,9 @@ def dtype_name(x: Any) -> str:
 
 
 def is_array(x: Any) -> bool:
-    return isinstance(x, (torch.Tensor, jax.Array, jm.nn.Parameter, np.ndarray))
+    return isinstance(x, (torch.Tensor, jax.Array, jm.nn.Parameter, np.ndarray)) or (
+        type(x) is jm.Tensor
+    )
 
 
 def canon(x: Any) -> Any:

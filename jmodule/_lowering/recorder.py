@@ -183,7 +183,7 @@ class Recorder:
         """``v``, differentiated from now on: its cotangent goes to ``sink``."""
         if self.tape is not None:
             indices = sink.indices if type(sink) is _StackSink else (sink.index,)
-            return self.tape.leaf(v, indices)
+            return self.tape.leaf(v, indices, self)
         if _jx.current_trace() is self.trace:
             return _tap(sink, v, self.z)
         # first read inside a nested transformation (scan, vmap, checkpoint): tap at this
@@ -250,6 +250,57 @@ def outside(rec: Recorder) -> Iterator[None]:
 def active() -> Recorder | None:
     """This thread's innermost gradient recorder, or None."""
     return state.local.recorder
+
+
+# ----------------------------------------------------------------------------- the graph
+
+
+def graph_wanted() -> bool:
+    """Whether a call on jm.Tensors made now records the graph ``Tensor.backward`` walks:
+    grad mode on, no gradient being taken, and eager (no trace, not even a tape's)."""
+    local = state.local
+    return (
+        local.grad_enabled
+        and local.recorder is None
+        and not local.bound
+        and type(_jx.current_trace()) is _jx.EvalTrace
+    )
+
+
+def in_graph(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` recorded on this thread's graph tape (PyTorch's autograd
+    graph, for ``loss.backward()``).
+
+    A module called eagerly on jm.Tensors, and every Tensor operation on a value of
+    the graph, runs here: the call is one stretch of tape, with a :class:`Recorder`
+    of its own that taps the parameters it reads (each stretch taps them again; the
+    gradients add up). What the call returns are the tape's values (Tensors of
+    :class:`~tape.TapeTracer` s, concrete for printing and control flow); buffers it
+    wrote get their arrays, as after an eager ``jm.backward``. The graph lives as
+    long as values that need it: the tape keeps no list of nodes.
+    """
+    local = state.local
+    parent = _jx.current_trace()
+    tape = local.graph
+    if tape is None or tape.parent_trace is not parent:
+        tape = local.graph = _tape.TapeTrace(parent, graph=True)
+    rec = Recorder(None, tape=tape)
+    local.recorder = rec
+    ok = False
+    try:
+        with _set_current_trace(tape):
+            out = fn(*args, **kwargs)
+        ok = True
+    finally:
+        local.recorder = None
+        new = rec.finish(ok)
+        # the leaves keep the recorder (for .backward): only what .backward reads stays
+        rec.snapshots = {}
+        rec.called = []
+        rec.writes = {}
+    for container, key, v in new:
+        container[key] = _tape.concrete(v)
+    return out
 
 
 def differentiate(

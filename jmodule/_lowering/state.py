@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule import _jax_internals as _jx
 from jmodule._convert import torch_to_numpy
 from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 
@@ -103,6 +104,11 @@ class _Thread(threading.local):
         #: innermost active trace used the generator's key.
         self.rng_left_out = False
         self.rng_used = False
+        #: PyTorch's grad mode (``jm.no_grad``, ``jm.set_grad_enabled``): whether eager
+        #: calls on jm.Tensors record the graph ``Tensor.backward`` walks.
+        self.grad_enabled = True
+        #: This thread's graph tape (``recorder.in_graph``), made on first use, or None.
+        self.graph: Any = None
 
 
 class NeedsGenerator(Exception):
@@ -335,6 +341,18 @@ def using_generator(generator: Any) -> None:
         if local.rng_left_out:
             raise NeedsGenerator()
         local.rng_used = True
+
+
+def recording(cell: Cell) -> bool:
+    """Whether computing with ``cell`` now records the graph ``loss.backward()`` walks: it
+    requires grad, grad mode is on, no gradient is being taken and nothing traces."""
+    return (
+        local.grad_enabled
+        and local.recorder is None
+        and not local.bound
+        and cell.__dict__.get("_requires_grad", False)
+        and type(_jx.current_trace()) is _jx.EvalTrace
+    )
 
 
 def _binary(op):

@@ -66,18 +66,33 @@ class _Node:
 
     A leaf (``op`` None) is a parameter being differentiated: ``sinks`` are the
     recorder's tap indices its cotangent goes to (several for a stacked
-    value: block ``b``'s slice to ``sinks[b]``).
+    value: block ``b``'s slice to ``sinks[b]``), and ``kept`` that recorder.
+    ``seq`` orders the nodes of a tape as they were made (every input of a
+    node was made before it).
     """
 
-    __slots__ = ("cts", "inputs", "kept", "n_out", "op", "sinks")
+    __slots__ = ("cts", "inputs", "kept", "n_out", "op", "seq", "sinks")
 
-    def __init__(self, op: Any, kept: Any, inputs: list, n_out: int, sinks: tuple = ()):
+    def __init__(self, op: Any, kept: Any, inputs: list, n_out: int, seq: int, sinks: tuple = ()):
         self.op = op
         self.kept = kept
         self.inputs = inputs
         self.n_out = n_out
+        self.seq = seq
         self.sinks = sinks
         self.cts: list | None = None
+
+
+#: What a node's ``op`` becomes once a backward pass freed what it kept.
+_FREED = object()
+
+SECOND_BACKWARD_HELP = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward(). Specify retain_graph=True if you need to backward through "
+    "the graph a second time, or .detach() the values carried from one step to the next "
+    "(an RNN's hidden state)."
+)
 
 
 class TapeTracer(jax.core.Tracer):
@@ -103,6 +118,12 @@ class TapeTracer(jax.core.Tracer):
 
     def full_lower(self) -> Any:
         return self.val if self._trace.done else self
+
+    def live(self) -> bool:
+        """Whether this is a value of a graph (``Tensor.backward``'s tape) and can still be
+        differentiated: computing with it outside its tape's trace enters that trace."""
+        trace = self._trace
+        return trace.graph and _current_trace() is not trace
 
     def get_referent(self) -> Any:
         return _jx.get_referent(self.val)
@@ -334,22 +355,32 @@ class TapeTrace(jax.core.Trace):
     Args:
         parent_trace: the trace that computes values (JAX's eager one, or the tape of
             an enclosing gradient computation).
+        graph: this is a thread's graph tape (``Tensor.backward``, see
+            ``recorder.in_graph``): it is never done, and its nodes live as long as
+            the values that need them, as PyTorch's autograd graph does.
+
+    The tape keeps no list of its nodes: each value holds the node that made it,
+    and each node the nodes of its inputs, so a backward pass walks what its loss
+    depends on and what no value needs any more is freed.
     """
 
-    def __init__(self, parent_trace: Any):
+    def __init__(self, parent_trace: Any, graph: bool = False):
         super().__init__()
         self.parent_trace = parent_trace
-        self.nodes: list[_Node] = []
+        self.graph = graph
+        #: Nodes made so far (their ``seq``).
+        self.count = 0
         #: The gradient computation is over: its values lower to their arrays.
         self.done = False
         self.requires_low = False
 
     # -------------------------------------------------------------- making values
 
-    def leaf(self, value: Any, sinks: tuple[int, ...]) -> TapeTracer:
-        """``value`` as a differentiated input whose cotangent goes to tap ``sinks``."""
-        node = _Node(None, None, [], 1, sinks)
-        self.nodes.append(node)
+    def leaf(self, value: Any, sinks: tuple[int, ...], owner: Any = None) -> TapeTracer:
+        """``value`` as a differentiated input whose cotangent goes to tap ``sinks`` of
+        ``owner`` (the recorder that tapped it)."""
+        self.count += 1
+        node = _Node(None, owner, [], 1, self.count, sinks)
         return TapeTracer(self, value, node, 0)
 
     def _split(self, tracers: Sequence[Any]) -> tuple[list, list, bool]:
@@ -371,8 +402,9 @@ class TapeTrace(jax.core.Trace):
 
     def _wrap(self, op: Any, kept: Any, srcs: list, outs: Sequence[Any]) -> list:
         """The outputs of a node: a tracer for each floating one (others have no gradient)."""
-        node = _Node(op, kept, [(s.node, s.index) for s in srcs if s is not None], len(outs))
-        self.nodes.append(node)
+        self.count += 1
+        inputs = [(s.node, s.index) for s in srcs if s is not None]
+        node = _Node(op, kept, inputs, len(outs), self.count)
         return [
             TapeTracer(self, o, node, i) if inexact else o
             for i, (o, inexact) in enumerate(zip(outs, op.inexact))
@@ -476,40 +508,80 @@ class TapeTrace(jax.core.Trace):
     def backward(self, loss: Any) -> dict[int, Any]:
         """Walk the tape back from ``loss`` (seeded with ones): cotangents by tap index.
 
-        Each node runs once all the nodes after it (its consumers) have; a node
-        whose outputs received no cotangent is skipped, so parameters the loss
-        does not depend on get nothing. The tape is emptied.
+        Parameters the loss does not depend on get nothing. What the nodes kept
+        is freed.
         """
         grads: dict[int, Any] = {}
-        nodes, self.nodes = self.nodes, []
         if type(loss) is not TapeTracer or loss._trace is not self:
             return grads
-        start = loss.node
-        start.cts = [None] * start.n_out
-        start.cts[loss.index] = _seed(loss.val)
-        for node in reversed(nodes):
-            cts = node.cts
-            if cts is None:
-                continue
-            node.cts = None
-            op = node.op
-            if op is None:
-                ct = cts[0]
-                sinks = node.sinks
-                for b, i in enumerate(sinks):
-                    g = ct if len(sinks) == 1 else ct[b]
-                    grads[i] = g if i not in grads else grads[i] + g
-                continue
-            in_cts = op.run_backward(node, cts)
-            node.kept = None
-            for (src, j), c in zip(node.inputs, in_cts):
-                if c is None or (hasattr(c, "dtype") and c.dtype == _float0):
-                    continue
-                s = src.cts
-                if s is None:
-                    s = src.cts = [None] * src.n_out
-                s[j] = c if s[j] is None else s[j] + c
+        for node, ct in self._walk(loss, _seed(loss.val), retain=False):
+            _add_to(grads, node.sinks, ct)
         return grads
+
+    def backward_graph(self, loss: TapeTracer, seed: Any, retain: bool) -> dict[Any, dict]:
+        """``Tensor.backward`` of a graph value: cotangents by recorder, then by tap index
+        (each module call that tapped parameters had its own recorder)."""
+        out: dict[Any, dict] = {}
+        for node, ct in self._walk(loss, seed, retain):
+            rec = node.kept
+            _add_to(out.setdefault(rec, {}), node.sinks, ct)
+        return out
+
+    def _walk(self, loss: TapeTracer, seed: Any, retain: bool) -> list[tuple[_Node, Any]]:
+        """Run the backward of every node ``loss`` depends on, latest first: the leaves
+        reached, with their cotangents.
+
+        A node runs once all the nodes after it (its consumers) have; a node whose
+        outputs received no cotangent is skipped. Unless ``retain``, each node run
+        frees what it kept, and a later walk through it raises PyTorch's error.
+        """
+        start = loss.node
+        seen = {id(start): start}
+        stack = [start]
+        while stack:
+            for src, _ in stack.pop().inputs:
+                if id(src) not in seen:
+                    seen[id(src)] = src
+                    stack.append(src)
+        order = sorted(seen.values(), key=lambda n: n.seq, reverse=True)
+        leaves = []
+        start.cts = [None] * start.n_out
+        start.cts[loss.index] = seed
+        try:
+            for node in order:
+                cts = node.cts
+                if cts is None:
+                    continue
+                node.cts = None
+                op = node.op
+                if op is None:
+                    leaves.append((node, cts[0]))
+                    continue
+                if op is _FREED:
+                    raise RuntimeError(SECOND_BACKWARD_HELP)
+                in_cts = op.run_backward(node, cts)
+                if not retain:
+                    node.kept = None
+                    node.op = _FREED
+                for (src, j), c in zip(node.inputs, in_cts):
+                    if c is None or (hasattr(c, "dtype") and c.dtype == _float0):
+                        continue
+                    s = src.cts
+                    if s is None:
+                        s = src.cts = [None] * src.n_out
+                    s[j] = c if s[j] is None else s[j] + c
+        finally:
+            for node in order:  # a failed walk leaves nothing behind
+                node.cts = None
+        return leaves
+
+
+def _add_to(grads: dict[int, Any], sinks: tuple[int, ...], ct: Any) -> None:
+    """Add a leaf's cotangent into ``grads`` by tap index (block ``b``'s slice to
+    ``sinks[b]`` for a stacked value)."""
+    for b, i in enumerate(sinks):
+        g = ct if len(sinks) == 1 else ct[b]
+        grads[i] = g if i not in grads else grads[i] + g
 
 
 #: Ones like a loss, by (shape, dtype, sharding): the seed of every backward pass, made

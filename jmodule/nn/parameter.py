@@ -14,6 +14,7 @@ extension point).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -846,3 +847,37 @@ jax.tree_util.register_pytree_node(Buffer, state.flatten_cell, lambda _, c: c[0]
 
 
 _tensor.adopt(_TensorMethods)  # jm.Tensor's torch methods are these, returning Tensors
+
+#: Parameter methods that compute nothing a gradient flows through.
+_NOT_RECORDED = frozenset(
+    "argmax argmin argsort all any detach dim element_size is_complex is_floating_point "
+    "ndimension nelement new_empty new_full new_ones new_tensor new_zeros numel".split()
+)
+
+
+def _recorded(fn: Any) -> Any:
+    """``fn`` (a parameter's torch method that computes), recorded on the graph
+    ``loss.backward()`` walks when ``state.recording``: a differentiable result is then a
+    jm.Tensor of the graph, as torch's result has a ``grad_fn``; others stay arrays."""
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if state.recording(self):
+            return _tensor.wrap_graph(_tensor.in_graph(fn, (self, *args), kwargs))
+        return fn(self, *args, **kwargs)
+
+    return method
+
+
+for _name, _fn in list(vars(_TensorMethods).items()):
+    # Eagerly in grad mode a parameter's torch methods (``p.t()``, ``p.pow(2)``,
+    # ``p.sum()``) give a jm.Tensor of the graph; its operators (``p * 2``) and
+    # jax.Array's methods give arrays, as for JAX code.
+    if (
+        callable(_fn)
+        and not isinstance(_fn, (type, property))
+        and not _name.startswith("_")
+        and not _name.endswith("_")
+        and _name not in _NOT_RECORDED
+    ):
+        setattr(_TensorMethods, _name, _recorded(_fn))

@@ -1,8 +1,8 @@
 """The jmodule port of ``lstm_lm_torch.py`` (PyTorch examples' ``word_language_model``).
 
-Apart from the imports, the step is the one rewrite: ``loss.backward()``
-becomes ``jm.backward(closure, has_aux=True)``, the closure returning the loss
-and the new hidden state. Every other line is the original's: ``jmodule.torch``
+Apart from the imports, one line changes: ``p.data`` is the parameter's
+``jax.Array``, which has no in-place ``add_``, so the SGD step calls ``p.add_``.
+Every other line is the original's (``loss.backward()`` included): ``jmodule.torch``
 is jmodule under torch's names, computing with ``jm.Tensor`` s (``.size(0)``,
 ``.narrow``, ``.view``, ``.t()``, ``.detach()``, ``weight.new_zeros``...).
 ``tests/test_ports.py`` runs this file's ``train()`` against the original's;
@@ -16,7 +16,6 @@ import time
 
 import numpy as np
 
-import jmodule as jm
 import jmodule.torch as torch
 import jmodule.torch.nn as nn
 import jmodule.torch.nn.functional as F
@@ -224,12 +223,9 @@ def train():
         # If we didn't, the model would try backpropagating all the way to start of the dataset.
         model.zero_grad()
         hidden = repackage_hidden(hidden)
-
-        def closure(hidden=hidden):  # port: jm.backward differentiates a closure
-            output, hidden = model(data, hidden)
-            return criterion(output, targets), hidden
-
-        loss, hidden = jm.backward(closure, has_aux=True)
+        output, hidden = model(data, hidden)
+        loss = criterion(output, targets)
+        loss.backward()
 
         # `clip_grad_norm` helps prevent the exploding gradient problem in RNNs / LSTMs.
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)

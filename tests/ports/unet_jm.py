@@ -1,20 +1,16 @@
 """The jmodule port of ``unet_torch.py`` (milesial's Pytorch-UNet: model, Dice loss,
 ``evaluate.py`` and ``train.py``'s loop).
 
-Apart from the imports, the training step is the one rewrite: its forward
-(under ``torch.autocast``) moves into a closure, one level deeper, and
-``grad_scaler.scale(loss).backward()`` becomes ``jm.backward(closure,
-has_aux=True)``. Every other line is the original's: ``jmodule.torch`` is
-jmodule under torch's names, computing with ``jm.Tensor`` s.
-``tests/test_ports.py`` compares the two files, ``benchmarks/port_lines.py``
-counts the changed lines.
+Only the imports change: ``jmodule.torch`` is jmodule under torch's names, computing
+with ``jm.Tensor`` s, and ``grad_scaler.scale(loss).backward()`` walks the graph the
+eager calls recorded, as in PyTorch. ``tests/test_ports.py`` compares the two files,
+``benchmarks/port_lines.py`` counts the changed lines.
 """
 
 import logging
 
 import numpy as np
 
-import jmodule as jm
 import jmodule.torch as torch
 import jmodule.torch.nn as nn
 import jmodule.torch.nn.functional as F
@@ -265,25 +261,23 @@ def train_model(
             )
             true_masks = true_masks.to(device=device, dtype=torch.long)
 
-            def closure():  # port: jm.backward differentiates a closure
-                with torch.autocast(device.type if device.type != "mps" else "cpu", enabled=amp):
-                    masks_pred = model(images)
-                    if model.n_classes == 1:
-                        loss = criterion(masks_pred.squeeze(1), true_masks.float())
-                        loss += dice_loss(
-                            F.sigmoid(masks_pred.squeeze(1)), true_masks.float(), multiclass=False
-                        )
-                    else:
-                        loss = criterion(masks_pred, true_masks)
-                        loss += dice_loss(
-                            F.softmax(masks_pred, dim=1).float(),
-                            F.one_hot(true_masks, model.n_classes).permute(0, 3, 1, 2).float(),
-                            multiclass=True,
-                        )
-                return grad_scaler.scale(loss), loss
+            with torch.autocast(device.type if device.type != "mps" else "cpu", enabled=amp):
+                masks_pred = model(images)
+                if model.n_classes == 1:
+                    loss = criterion(masks_pred.squeeze(1), true_masks.float())
+                    loss += dice_loss(
+                        F.sigmoid(masks_pred.squeeze(1)), true_masks.float(), multiclass=False
+                    )
+                else:
+                    loss = criterion(masks_pred, true_masks)
+                    loss += dice_loss(
+                        F.softmax(masks_pred, dim=1).float(),
+                        F.one_hot(true_masks, model.n_classes).permute(0, 3, 1, 2).float(),
+                        multiclass=True,
+                    )
 
             optimizer.zero_grad(set_to_none=True)
-            _, loss = jm.backward(closure, has_aux=True)
+            grad_scaler.scale(loss).backward()
             grad_scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), gradient_clipping)
             grad_scaler.step(optimizer)

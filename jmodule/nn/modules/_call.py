@@ -156,6 +156,8 @@ class CallMixin:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
+            if _tensor.has(args, kwargs) and _tensor.recording():  # for loss.backward()
+                return _tensor.in_graph(self.__call__, args, kwargs)
             compiled = self._compiled
             if compiled is not None:  # it tells a gradient recorder itself
                 return compiled(args, kwargs)
