@@ -721,3 +721,38 @@ def test_a_layer_first_called_inside_autocast_is_exact_outside_it():
         want = ref(*[torch.from_numpy(x)] * 3)[0].numpy()
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+# The jm torch functions on autocast's CPU "lower" list (torch computes them in bfloat16).
+_LOWERED = {
+    "matmul": lambda m, a, b, c: m.matmul(a, b.T),
+    "matmul_vector": lambda m, a, b, c: m.matmul(a, b[0]),
+    "mm": lambda m, a, b, c: m.mm(a, b.T),
+    "bmm": lambda m, a, b, c: m.bmm(a[None], b.T[None]),
+    "addmm": lambda m, a, b, c: m.addmm(c, a, b.T),
+    "baddbmm": lambda m, a, b, c: m.baddbmm(c[None], a[None], b.T[None]),
+    "addbmm": lambda m, a, b, c: m.addbmm(c, a[None], b.T[None]),
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("name", list(_LOWERED))
+def test_jm_matrix_products_follow_torch_cpu_autocast(name, dtype, compiled):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (5, 4), (3, 5))]
+    call = _LOWERED[name]
+    t_args = [torch.from_numpy(x).to(getattr(torch, dtype)) for x in arrays]
+    with torch.autocast("cpu"):
+        want = call(torch, *t_args)
+    with jax.enable_x64(dtype == "float64"):
+        j_args = [jnp.asarray(x, dtype=dtype) for x in arrays]
+        run = jm.compile(lambda *xs: call(jm, *xs)) if compiled else (lambda *xs: call(jm, *xs))
+        with jm.autocast("cpu"):
+            got = run(*j_args)
+        assert str(got.dtype) == str(want.dtype).split(".")[-1]
+        assert str(run(*j_args).dtype) == dtype  # outside the region, the inputs' dtype
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32), want.float().numpy(), rtol=2e-2, atol=2e-2
+    )

@@ -288,11 +288,14 @@ def test_threads_train_their_own_models_with_loss_backward():
     ref, _ = _pair(dtype="float32")
     x, y = _batch(dtype=np.float32)
     _loss(torch, ref, x, y).backward()
+    # the models are built here: torch's random generator is process-wide, so pairs
+    # built in the threads would interleave its draws and start from other weights
+    models = [_pair(dtype="float32")[1] for _ in range(3)]
     results, errors = {}, []
 
     def work(i):
         try:
-            _, ours = _pair(dtype="float32")
+            ours = models[i]
             for _ in range(3):
                 ours.zero_grad()
                 _loss(jtorch, ours, x, y).backward()

@@ -1229,3 +1229,38 @@ def test_scatter_with_the_legacy_reduce_argument(reduce: str) -> None:
         warnings.simplefilter("ignore", UserWarning)  # torch deprecates reduce= here
         expected = _torch_call(case)
     assert_same(canon(expected), canon(_jm_call(case)), case, "scatter")
+
+
+@pytest.mark.torch
+def test_concatenate_takes_torchs_dim_and_axis():
+    a, b = np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)
+    for kwargs in ({}, {"dim": 0}, {"dim": 1}, {"axis": 1}, {"dim": -1}):
+        want = torch.concatenate([torch.from_numpy(a), torch.from_numpy(b)], **kwargs)
+        got = jm.concatenate([jnp.asarray(a), jnp.asarray(b)], **kwargs)
+        np.testing.assert_array_equal(np.asarray(got), want.numpy())
+    np.testing.assert_array_equal(
+        np.asarray(jm.concatenate([a, b], 1)),
+        torch.concatenate([torch.ones(2, 3), torch.zeros(2, 3)], 1),
+    )
+
+
+@pytest.mark.torch
+def test_jm_functions_named_as_jnp_and_torch_take_torchs_dim_arguments():
+    """A ``jm`` function that is also a ``jax.numpy`` name is torch's: ``dim``/``keepdim``
+    (``axis`` at most as torch's alias), never only NumPy's ``axis``/``keepdims``."""
+    import inspect
+
+    numpy_only = []
+    for name in dir(jm):
+        fn = getattr(jm, name, None)
+        if name.startswith("_") or not callable(fn) or isinstance(fn, type):
+            continue
+        if not (hasattr(jnp, name) and hasattr(torch, name)):
+            continue
+        try:
+            params = inspect.signature(inspect.unwrap(fn)).parameters
+        except (TypeError, ValueError):
+            continue
+        if ({"axis", "axes", "keepdims"} & set(params)) and "dim" not in params:
+            numpy_only.append(name)
+    assert numpy_only == []

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from jmodule._tfn._common import arr, float_input, norm_dim
 from jmodule._tfn.reduction import vector_norm
+from jmodule.amp import _autocast as _amp
 
 __all__ = [
     "addbmm",
@@ -51,8 +52,9 @@ def _cannot(a: tuple, b: tuple) -> RuntimeError:
 
 def matmul(input: Any, other: Any, *, out: Any = None) -> jax.Array:
     """The matrix product with PyTorch's (numpy's) broadcasting rules for 1-d and batched
-    operands."""
-    a, b = arr(input), arr(other)
+    operands. Under ``jm.autocast`` it computes in the lower dtype, as PyTorch's
+    (``matmul`` is on both autocast lists)."""
+    a, b = _amp.cast("matmul", arr(input), arr(other))
     if a.ndim == 0 or b.ndim == 0:
         raise RuntimeError(
             f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D"
@@ -68,8 +70,8 @@ def matmul(input: Any, other: Any, *, out: Any = None) -> jax.Array:
 
 
 def mm(input: Any, mat2: Any, *, out: Any = None) -> jax.Array:
-    """The product of two matrices (2-d only)."""
-    a, b = arr(input), arr(mat2)
+    """The product of two matrices (2-d only; under ``jm.autocast`` in the lower dtype)."""
+    a, b = _amp.cast("mm", arr(input), arr(mat2))
     if a.ndim != 2:
         raise RuntimeError("self must be a matrix")
     if b.ndim != 2:
@@ -80,8 +82,9 @@ def mm(input: Any, mat2: Any, *, out: Any = None) -> jax.Array:
 
 
 def bmm(input: Any, mat2: Any, *, out: Any = None) -> jax.Array:
-    """Batched matrix products of two 3-d arrays with the same batch size."""
-    a, b = arr(input), arr(mat2)
+    """Batched matrix products of two 3-d arrays with the same batch size (under
+    ``jm.autocast`` in the lower dtype)."""
+    a, b = _amp.cast("bmm", arr(input), arr(mat2))
     if a.ndim != 3:
         raise RuntimeError("batch1 must be a 3D tensor")
     if b.ndim != 3:
@@ -103,17 +106,22 @@ def _scaled(input: Any, product: jax.Array, beta: Any, alpha: Any) -> jax.Array:
 
 
 def addmm(input: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
-    """``beta * input + alpha * (mat1 @ mat2)``."""
+    """``beta * input + alpha * (mat1 @ mat2)`` (under ``jm.autocast`` in the lower dtype)."""
+    input, mat1, mat2 = _amp.cast("addmm", arr(input), arr(mat1), arr(mat2))
     return _scaled(input, mm(mat1, mat2), beta, alpha)
 
 
 def baddbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
-    """``beta * input + alpha * bmm(batch1, batch2)``."""
+    """``beta * input + alpha * bmm(batch1, batch2)`` (under ``jm.autocast`` in the lower
+    dtype)."""
+    input, batch1, batch2 = _amp.cast("baddbmm", arr(input), arr(batch1), arr(batch2))
     return _scaled(input, bmm(batch1, batch2), beta, alpha)
 
 
 def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
-    """``beta * input + alpha * sum_b(batch1[b] @ batch2[b])``."""
+    """``beta * input + alpha * sum_b(batch1[b] @ batch2[b])`` (under ``jm.autocast`` in
+    the lower dtype)."""
+    input, batch1, batch2 = _amp.cast("addbmm", arr(input), arr(batch1), arr(batch2))
     return _scaled(input, bmm(batch1, batch2).sum(0), beta, alpha)
 
 

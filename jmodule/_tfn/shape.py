@@ -140,9 +140,18 @@ def concat(tensors: Sequence[Any], dim: int = 0, *, out: Any = None) -> jax.Arra
     return cat(tensors, dim)
 
 
-def concatenate(tensors: Sequence[Any], axis: int = 0, out: Any = None) -> jax.Array:
-    """Alias of :func:`cat` (taking ``axis``, as ``torch.concatenate`` does)."""
-    return cat(tensors, axis)
+def concatenate(
+    tensors: Sequence[Any], dim: int = 0, *, axis: int | None = None, out: Any = None
+) -> jax.Array:
+    """Alias of :func:`cat`; ``axis`` is another name for ``dim``, as in
+    ``torch.concatenate``.
+
+    >>> import jmodule as jm
+    >>> a = jm.ones(2, 3)
+    >>> jm.concatenate([a, a], dim=0).shape, jm.concatenate([a, a], axis=1).shape
+    ((4, 3), (2, 6))
+    """
+    return cat(tensors, dim if axis is None else axis)
 
 
 def stack(tensors: Sequence[Any], dim: int = 0, *, out: Any = None) -> jax.Array:
