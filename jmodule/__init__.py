@@ -59,8 +59,8 @@ from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
 from jmodule._lowering.program import DonatedHeldWarning as DonatedHeldWarning
 from jmodule._tensor import Size as Size
 from jmodule._tensor import Tensor as Tensor
-from jmodule._tfn import *  # noqa: F403  (the torch.* functions; list in jmodule/_tfn)
-from jmodule._tfn import BUILTIN_NAMED as _TORCH_BUILTIN_NAMED
+from jmodule._torch_functions import *  # noqa: F403  (the torch.* functions; list in jmodule/_torch_functions)
+from jmodule._torch_functions import BUILTIN_NAMED as _TORCH_BUILTIN_NAMED
 from jmodule._version import __version__ as __version__
 from jmodule.amp import autocast as autocast
 from jmodule.autograd import backward as backward

@@ -853,7 +853,7 @@ def install(functions: dict[str, Callable]) -> None:
     """Give :class:`Tensor` the methods that are ``jm`` torch functions (``x.softmax(-1)``
     is ``jm.softmax(x, -1)``; ``x.exp_()`` its in-place form) and those built on them.
 
-    Called once, by ``jmodule/_tfn/__init__.py`` (which sits above this module) with its
+    Called once, by ``jmodule/_torch_functions/__init__.py`` (which sits above this module) with its
     functions by name.
     """
     methods = {k: v for k, v in functions.items() if k not in _NOT_METHODS}

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from jmodule._tfn import RETURN_TYPES as _RETURN_TYPES
+from jmodule._torch_functions import RETURN_TYPES as _RETURN_TYPES
 
 
 def __getattr__(name: str) -> type:

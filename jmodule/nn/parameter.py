@@ -297,7 +297,7 @@ class _TensorMethods(Cell):
         (dtype(bfloat16), True, 'ArrayImpl')
         """
         from jmodule import _device, _placement
-        from jmodule._tfn._common import out_dtype
+        from jmodule._torch_functions._common import out_dtype
 
         dtype = kwargs.pop("dtype", None)
         where = kwargs.pop("device", None)
@@ -353,7 +353,7 @@ class _TensorMethods(Cell):
         >>> w.new_tensor([1, 2])
         Tensor([1., 2.], dtype=float32)
         """
-        from jmodule._tfn import creation
+        from jmodule._torch_functions import creation
 
         creation.check_torch_only("new_tensor", requires_grad=requires_grad)
         dt = dtype if dtype is not None else self._meta_or_value().dtype
@@ -391,7 +391,7 @@ class _TensorMethods(Cell):
         return self._new("new_full", (size,), state.value(fill_value), dtype, device, kwargs)
 
     def _new(self, what: str, size: tuple, fill: Any, dtype: Any, device: Any, kw: dict) -> Any:
-        from jmodule._tfn import _common, creation
+        from jmodule._torch_functions import _common, creation
 
         if "size" in kw and not size:  # new_zeros(size=(2, 3)), as torch accepts
             size = (kw.pop("size"),)
@@ -598,9 +598,9 @@ TORCH_MEANING = (
 
 def _torch_method(name: str) -> Any:
     def method(self: _TensorMethods, *args: Any, **kwargs: Any) -> Any:
-        from jmodule import _tfn
+        from jmodule import _torch_functions
 
-        fn = getattr(_tfn, name, None) or _tfn.BUILTIN_NAMED[name]
+        fn = getattr(_torch_functions, name, None) or _torch_functions.BUILTIN_NAMED[name]
         for alias, torch_name in (("axis", "dim"), ("keepdims", "keepdim")):
             if alias in kwargs:  # the NumPy spellings torch accepts too
                 kwargs[torch_name] = kwargs.pop(alias)

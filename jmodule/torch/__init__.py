@@ -34,7 +34,7 @@ import sys
 from typing import Any
 
 import jmodule as _jm
-from jmodule import _tensor, _tfn
+from jmodule import _tensor, _torch_functions
 from jmodule.torch import backends as backends
 from jmodule.torch import cuda as cuda
 
@@ -43,14 +43,14 @@ __all__ = ["backends", "cuda"]
 
 #: The torch functions, returning Tensors.
 _FUNCTIONS = {
-    name: _tensor.preserving(getattr(_tfn, name).__wrapped__, name, always=True)
-    for name in _tfn.__all__
-    if inspect.isfunction(getattr(_tfn, name)) and hasattr(getattr(_tfn, name), "__wrapped__")
+    name: _tensor.preserving(getattr(_torch_functions, name).__wrapped__, name, always=True)
+    for name in _torch_functions.__all__
+    if inspect.isfunction(getattr(_torch_functions, name)) and hasattr(getattr(_torch_functions, name), "__wrapped__")
 }
 _FUNCTIONS.update(
     {
         name: _tensor.preserving(fn.__wrapped__, name, always=True)
-        for name, fn in _tfn.BUILTIN_NAMED.items()
+        for name, fn in _torch_functions.BUILTIN_NAMED.items()
     }
 )
 # Names that are Python builtins (``sum``, ``max``, ``abs``, ...) are served by

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 import numpy as np
 
-from jmodule._tfn._common import arr, default_float, float_input, out_dtype
+from jmodule._torch_functions._common import arr, default_float, float_input, out_dtype
 
 __all__ = [
     "absolute",

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jmodule._lowering import state
-from jmodule._tfn._common import arr, default_float, out_dtype
+from jmodule._torch_functions._common import arr, default_float, out_dtype
 
 __all__ = [
     "can_cast",

@@ -31,14 +31,14 @@ import inspect as _inspect
 
 from jmodule._tensor import install as _install
 from jmodule._tensor import preserving as _preserving
-from jmodule._tfn import creation, info, linalg, pointwise, random_fns, reduction, shape
-from jmodule._tfn.creation import *  # noqa: F403
-from jmodule._tfn.info import *  # noqa: F403
-from jmodule._tfn.linalg import *  # noqa: F403
-from jmodule._tfn.pointwise import *  # noqa: F403
-from jmodule._tfn.random_fns import *  # noqa: F403
-from jmodule._tfn.reduction import *  # noqa: F403
-from jmodule._tfn.shape import *  # noqa: F403
+from jmodule._torch_functions import creation, info, linalg, pointwise, random_fns, reduction, shape
+from jmodule._torch_functions.creation import *  # noqa: F403
+from jmodule._torch_functions.info import *  # noqa: F403
+from jmodule._torch_functions.linalg import *  # noqa: F403
+from jmodule._torch_functions.pointwise import *  # noqa: F403
+from jmodule._torch_functions.random_fns import *  # noqa: F403
+from jmodule._torch_functions.reduction import *  # noqa: F403
+from jmodule._torch_functions.shape import *  # noqa: F403
 
 __all__ = [
     *creation.__all__,

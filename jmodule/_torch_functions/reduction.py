@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule._convert import torch_scalar_name
-from jmodule._tfn._common import (
+from jmodule._torch_functions._common import (
     arr,
     canon_dims,
     compute_dtype,

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jmodule._tfn._common import arr, float_input, norm_dim
-from jmodule._tfn.reduction import vector_norm
+from jmodule._torch_functions._common import arr, float_input, norm_dim
+from jmodule._torch_functions.reduction import vector_norm
 from jmodule.amp import _autocast as _amp
 
 __all__ = [

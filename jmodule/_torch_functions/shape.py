@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule._convert import torch_scalar_name
-from jmodule._tfn._common import arr, as_int, canon_dims, long_dtype, norm_dim
+from jmodule._torch_functions._common import arr, as_int, canon_dims, long_dtype, norm_dim
 
 __all__ = [
     "argwhere",
