@@ -22,7 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule._lowering import state
-from jmodule._torch_functions._common import arr, default_float, long_dtype, out_dtype, place, shape_arg
+from jmodule._torch_functions._common import (
+    arr,
+    default_float,
+    long_dtype,
+    out_dtype,
+    place,
+    shape_arg,
+)
 
 __all__ = [
     "arange",

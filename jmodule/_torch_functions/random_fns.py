@@ -20,7 +20,14 @@ import numpy as np
 
 from jmodule import _device, _factory
 from jmodule import random as _random
-from jmodule._torch_functions._common import arr, default_float, long_dtype, out_dtype, place, shape_arg
+from jmodule._torch_functions._common import (
+    arr,
+    default_float,
+    long_dtype,
+    out_dtype,
+    place,
+    shape_arg,
+)
 from jmodule._torch_functions.creation import check_torch_only
 
 __all__ = [

@@ -45,7 +45,8 @@ __all__ = ["backends", "cuda"]
 _FUNCTIONS = {
     name: _tensor.preserving(getattr(_torch_functions, name).__wrapped__, name, always=True)
     for name in _torch_functions.__all__
-    if inspect.isfunction(getattr(_torch_functions, name)) and hasattr(getattr(_torch_functions, name), "__wrapped__")
+    if inspect.isfunction(getattr(_torch_functions, name))
+    and hasattr(getattr(_torch_functions, name), "__wrapped__")
 }
 _FUNCTIONS.update(
     {
