@@ -9,7 +9,7 @@
 """
 
 from jmodule import _array_patches as _array_patches
-from jmodule import _compilation_cache, _device
+from jmodule import _compilation_cache
 from jmodule import _einops as _einops
 from jmodule import amp as amp
 from jmodule import checkpoint as checkpoint
@@ -24,39 +24,40 @@ from jmodule import serialization as serialization
 from jmodule import utils as utils
 from jmodule._compilation_cache import compilation_cache_dir as compilation_cache_dir
 from jmodule._compilation_cache import set_compilation_cache as set_compilation_cache
-from jmodule._device import DeviceError as DeviceError
-from jmodule._device import DtypeError as DtypeError
-from jmodule._device import bfloat16 as bfloat16
-from jmodule._device import cdouble as cdouble
-from jmodule._device import cfloat as cfloat
-from jmodule._device import channels_last as channels_last
-from jmodule._device import channels_last_3d as channels_last_3d
-from jmodule._device import complex64 as complex64
-from jmodule._device import complex128 as complex128
-from jmodule._device import contiguous_format as contiguous_format
-from jmodule._device import device as device
-from jmodule._device import double as double
-from jmodule._device import float16 as float16
-from jmodule._device import float32 as float32
-from jmodule._device import float64 as float64
-from jmodule._device import get_default_dtype as get_default_dtype
-from jmodule._device import half as half
-from jmodule._device import int8 as int8
-from jmodule._device import int16 as int16
-from jmodule._device import int32 as int32
-from jmodule._device import int64 as int64
-from jmodule._device import is_meta as is_meta
-from jmodule._device import long as long
-from jmodule._device import preserve_format as preserve_format
-from jmodule._device import set_default_dtype as set_default_dtype
-from jmodule._device import short as short
-from jmodule._device import uint8 as uint8
 from jmodule._lowering import compiled as _compiled
 from jmodule._lowering.binding import TracerLeakError as TracerLeakError
 from jmodule._lowering.compiled import CompileStats as CompileStats
 from jmodule._lowering.compiled import compile_stats as compile_stats
 from jmodule._lowering.errors import DeletedArrayError as DeletedArrayError
 from jmodule._lowering.program import DonatedHeldWarning as DonatedHeldWarning
+from jmodule._placement import device as _device
+from jmodule._placement.device import DeviceError as DeviceError
+from jmodule._placement.device import DtypeError as DtypeError
+from jmodule._placement.device import bfloat16 as bfloat16
+from jmodule._placement.device import cdouble as cdouble
+from jmodule._placement.device import cfloat as cfloat
+from jmodule._placement.device import channels_last as channels_last
+from jmodule._placement.device import channels_last_3d as channels_last_3d
+from jmodule._placement.device import complex64 as complex64
+from jmodule._placement.device import complex128 as complex128
+from jmodule._placement.device import contiguous_format as contiguous_format
+from jmodule._placement.device import device as device
+from jmodule._placement.device import double as double
+from jmodule._placement.device import float16 as float16
+from jmodule._placement.device import float32 as float32
+from jmodule._placement.device import float64 as float64
+from jmodule._placement.device import get_default_dtype as get_default_dtype
+from jmodule._placement.device import half as half
+from jmodule._placement.device import int8 as int8
+from jmodule._placement.device import int16 as int16
+from jmodule._placement.device import int32 as int32
+from jmodule._placement.device import int64 as int64
+from jmodule._placement.device import is_meta as is_meta
+from jmodule._placement.device import long as long
+from jmodule._placement.device import preserve_format as preserve_format
+from jmodule._placement.device import set_default_dtype as set_default_dtype
+from jmodule._placement.device import short as short
+from jmodule._placement.device import uint8 as uint8
 from jmodule._tensor import Size as Size
 from jmodule._tensor import Tensor as Tensor
 from jmodule._torch_functions import *  # noqa: F403  (the torch.* functions; list in jmodule/_torch_functions)

@@ -61,11 +61,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import _device
 from jmodule import _jax_internals as _jx
 from jmodule._convert import torch_scalar_name
 from jmodule._lowering import state
 from jmodule._lowering.tape import TapeTracer as _TapeTracer
+from jmodule._placement import device as _device
 
 __all__ = [
     "Size",

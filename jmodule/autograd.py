@@ -164,7 +164,7 @@ def tensor_backward(
         per_recorder = v._trace.backward_graph(v, seed, retain=bool(retain_graph))
         for rec, grads in per_recorder.items():
             if only is not None:
-                keep = {i for p, _, i in rec.tapped.values() if id(p) in only}
+                keep = {t.index for t in rec.tapped.values() if id(t.cell) in only}
                 grads = {i: g for i, g in grads.items() if i in keep}
             _accumulate(rec, grads, zeroed=frozenset())
     except Exception as e:
@@ -203,8 +203,9 @@ def _checked(out: Any, has_aux: bool) -> Any:
 
 def _accumulate(rec: _recorder.Recorder, grads: dict[int, Any] | None, zeroed: Any) -> None:
     """Add each tapped parameter's gradient into its ``.grad`` (set it, for ids in ``zeroed``)."""
-    for p, _, index in rec.tapped.values():
-        g = (grads or {}).get(index)
+    for t in rec.tapped.values():
+        p = t.cell
+        g = (grads or {}).get(t.index)
         fresh = id(p) in zeroed
         if g is None:
             if fresh:
@@ -237,7 +238,7 @@ def step_closure(closure: Callable[[], Any], params: Sequence[Parameter]) -> Any
                 raise RuntimeError(STEP_READ_BEFORE_HELP)
         return loss
     mine = {id(p) for p in params}
-    read = {id(p) for p, _, _ in rec.tapped.values()}
+    read = {id(t.cell) for t in rec.tapped.values()}
     for p in params:
         if id(p) not in read:
             p.grad = None  # what zero_grad() would have left
@@ -313,7 +314,7 @@ def value_and_grad(
         value, aux, rec, grads = _recorder.differentiate(
             call, only=only, has_aux=has_aux, caller="value_and_grad"
         )
-        index = {id(p): i for p, _, i in rec.tapped.values()}
+        index = {id(t.cell): t.index for t in rec.tapped.values()}
         out, j = [], 0
         for kind, x in layout:
             if kind == "module":

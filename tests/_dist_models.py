@@ -6,7 +6,8 @@ import numpy as np
 
 import jmodule as jm
 import jmodule.nn.functional as F
-from jmodule import _factory, nn
+from jmodule import nn
+from jmodule._placement import factory as _factory
 
 
 def classifier():

@@ -133,7 +133,8 @@ def test_device_names_parse_like_pytorch():
 
 def test_jm_device_is_the_class_and_no_module_shares_its_name():
     """``jm.device`` is ``torch.device``'s counterpart; as ``import torch.device``
-    fails, ``import jmodule.device`` finds no module (the module is ``jmodule._device``)."""
+    fails, ``import jmodule.device`` finds no module (the module is
+    ``jmodule._placement.device``)."""
     import importlib.machinery
 
     import jmodule
@@ -143,7 +144,8 @@ def test_jm_device_is_the_class_and_no_module_shares_its_name():
     # Look where the import system looks for jmodule's own submodules (a finder of an
     # editable install elsewhere on the machine may know other copies of the package).
     assert importlib.machinery.PathFinder.find_spec("jmodule.device", jmodule.__path__) is None
-    assert importlib.machinery.PathFinder.find_spec("jmodule._device", jmodule.__path__)
+    assert importlib.machinery.PathFinder.find_spec("jmodule._placement", jmodule.__path__)
+    assert type(jm.device("cpu")).__module__ == "jmodule._placement.device"
 
 
 def test_double_without_x64_explains_how_to_enable_it():

@@ -257,7 +257,7 @@ def _groups(
     return groups
 
 
-def _commit(slots: Sequence[Any]) -> tuple:
+def _commit(slots: Sequence[Any]) -> tuple[_program.Committed, ...]:
     """Commit the state arrays that are not yet committed to a device (to the one they are on).
 
     A fresh parameter (from ``jnp`` ops) is uncommitted, while a program's
@@ -269,16 +269,14 @@ def _commit(slots: Sequence[Any]) -> tuple:
     over a mesh) gets the uncommitted arrays back (:func:`_uncommit`).
 
     Returns:
-        ``(container, key, uncommitted array, weak reference to the committed array)``
-        per slot committed. (Weak: a plan holds no state array, so that a donating
-        call can tell arrays the user holds by their reference counts.)
+        A :class:`~program.Committed` per slot committed.
     """
     done = []
     for c, k in slots:
         v = c.get(k)
         if type(v) is _ArrayImpl and not v.committed and not v.is_deleted():
             c[k] = placed = jax.device_put(v, next(iter(v.devices())))
-            done.append((c, k, v, weakref.ref(placed)))
+            done.append(_program.Committed(c, k, v, weakref.ref(placed)))
     return tuple(done)
 
 
@@ -287,9 +285,9 @@ def _uncommit(plan: Plan | None, error: Exception) -> bool:
     if plan is None or not plan.committed or not _jx.is_incompatible_devices_error(error):
         return False
     put_back = False
-    for c, k, v, placed in plan.committed:
-        if c.get(k) is placed():  # still what _commit put there (no call has run since)
-            c[k] = v
+    for e in plan.committed:
+        if e.container.get(e.key) is e.committed():  # still what _commit put there
+            e.container[e.key] = e.uncommitted
             put_back = True
     plan.committed = ()
     return put_back

@@ -26,7 +26,8 @@ user-code functions it names):
   user classes and on the instance, so ``Net.forward = f`` and
   ``model.forward = f`` are seen.
 
-Not seen (documented in API.md's compile section): values inside mutable
+Not seen (documented in the README's "Coming from PyTorch" section, "Compiled
+programs follow the Python they ran"): values inside mutable
 containers and objects (``CONFIG["scale"] = 3``, ``cfg.scale = 3``,
 ``arr[0] = 1`` on a NumPy global), attributes of imported modules
 (``mylib.SCALE``), and code outside user files (the standard library and
@@ -45,7 +46,7 @@ import sys
 import sysconfig
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["Guards", "collect", "hook_functions", "is_user_code"]
 
@@ -130,22 +131,30 @@ def _describe(v: Any) -> str:
     return f"<{type(v).__name__}>"
 
 
-class Guards:
-    """What one trace read from Python: checked by every call (:meth:`changed`).
+class Guard(NamedTuple):
+    """One value a trace read from Python, and how to read it again.
 
-    Each guard is ``(kind, obj, name, expected, what)``: ``kind`` "item" (a
-    namespace's ``obj[name]``), "attr" (``getattr(obj, name)``: class
-    attributes, ``__code__``, closure cells), or "same" / "same_attr" (the
-    same, but it must be that very object: arrays, whose ``==`` is
-    elementwise). Items and
-    attributes must compare equal (identity first, so an unchanged object
-    costs no comparison); the names of one namespace are read by one
-    ``itemgetter`` call.
+    ``kind`` is "item" (a namespace's ``obj[name]``), "attr" (``getattr(obj, name)``:
+    class attributes, ``__code__``, closure cells), or "same" / "same_attr" (the same,
+    but it must be that very object: arrays, whose ``==`` is elementwise). Items and
+    attributes must compare equal to ``expected`` (identity first, so an unchanged
+    object costs no comparison). ``what`` names it for the recompile reason.
     """
+
+    kind: str
+    obj: Any
+    name: str
+    expected: Any
+    what: str
+
+
+class Guards:
+    """What one trace read from Python (:class:`Guard` s): checked by every call
+    (:meth:`changed`)."""
 
     __slots__ = ("guards", "ok", "reason")
 
-    def __init__(self, guards: Sequence[tuple[str, Any, str, Any, str]]):
+    def __init__(self, guards: Sequence[Guard]):
         self.guards = tuple(guards)
         #: True while nothing changed (may raise if a name was deleted): one
         #: generated expression, so a call pays no loop over the guards.
@@ -169,12 +178,13 @@ class Guards:
 
     def _stale(self) -> str:
         """The reason (computed once, on the slow path)."""
-        for kind, obj, name, expected, what in self.guards:
+        for g in self.guards:
+            name, expected, what = g.name, g.expected, g.what
             try:
-                now = getattr(obj, name) if kind in ("attr", "same_attr") else obj[name]
+                now = getattr(g.obj, name) if g.kind in ("attr", "same_attr") else g.obj[name]
             except Exception:
                 now = _MISSING
-            if kind in ("same", "same_attr"):
+            if g.kind in ("same", "same_attr"):
                 differs = now is not expected
             else:
                 try:
@@ -194,18 +204,18 @@ class Guards:
         return self.reason
 
 
-def _compile_check(guards: Sequence[tuple[str, Any, str, Any, str]]) -> Callable[[], bool]:
+def _compile_check(guards: Sequence[Guard]) -> Callable[[], bool]:
     """``() -> bool``: whether every guard still holds, as one ``and`` of comparisons.
 
     Identity is tested first, so an unchanged object costs no ``==``. The
     objects are bound as default arguments (fast locals); names are literals.
     """
     terms, params, bound = [], [], {}
-    for i, (kind, obj, name, expected, _) in enumerate(guards):
-        bound[f"o{i}"], bound[f"e{i}"] = obj, expected
+    for i, g in enumerate(guards):
+        bound[f"o{i}"], bound[f"e{i}"] = g.obj, g.expected
         params.append(f"o{i}=o{i}, e{i}=e{i}")
-        read = f"o{i}.{name}" if kind in ("attr", "same_attr") else f"o{i}[{name!r}]"
-        if kind in ("same", "same_attr"):
+        read = f"o{i}.{g.name}" if g.kind in ("attr", "same_attr") else f"o{i}[{g.name!r}]"
+        if g.kind in ("same", "same_attr"):
             terms.append(f"{read} is e{i}")
         else:
             terms.append(f"((v := {read}) is e{i} or v == e{i})")
@@ -254,7 +264,7 @@ def collect(
         modules: ``(name, module)`` of every module the program binds.
         hooks: gives the hook functions registered on a module.
     """
-    found: list[tuple[str, Any, str, Any, str]] = []
+    found: list[Guard] = []
     seen_fns: set[int] = set()
     seen_names: set[tuple[int, str]] = set()
     todo: list[tuple[types.FunctionType, str]] = []
@@ -269,7 +279,7 @@ def collect(
             return
         if kind == "item" and not _compares(v):
             kind = "same"
-        found.append((kind, d, name, v, what))
+        found.append(Guard(kind, d, name, v, what))
         fn = _function(v)
         if fn is not None:
             add(fn, what)
@@ -306,7 +316,7 @@ def collect(
     while todo or attrs - done_attrs:
         while todo:
             fn, what = todo.pop()
-            found.append(("attr", fn, "__code__", fn.__code__, what))
+            found.append(Guard("attr", fn, "__code__", fn.__code__, what))
             loaded, named = _names(fn.__code__)
             attrs |= named
             g = fn.__globals__
@@ -321,7 +331,7 @@ def collect(
                         continue
                     where = f"closure variable {name!r} of {fn.__qualname__!r}"
                     kind = "attr" if _compares(v) else "same_attr"
-                    found.append((kind, cell, "cell_contents", v, where))
+                    found.append(Guard(kind, cell, "cell_contents", v, where))
                     f = _function(v)
                     if f is not None:
                         add(f, f"function {f.__qualname__!r}")

@@ -3,7 +3,9 @@
 PyTorch's ``register_module_forward_hook`` hooks are process-wide by
 definition, so this registry is too. Compiled programs include
 :func:`global_hook_key` in their structure key and compare :func:`version`
-(one integer) on each call; nothing else is global.
+(one integer) on each call. It is the only process-wide registry in
+``_lowering``: what a call coordinates with otherwise is per thread
+(``state.local``) or per object (versions, locks, plans).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.arguments import describe_args, diff, unwrap_static
 from jmodule._lowering.state import Slot
 
-__all__ = ["Changed", "Donation", "FastPath", "Plan", "Program"]
+__all__ = ["Changed", "Committed", "Donation", "FastPath", "PackedSlice", "Plan", "Program"]
 
 logger = logging.getLogger("jmodule.compile")
 
@@ -52,12 +52,34 @@ logger = logging.getLogger("jmodule.compile")
 # ----------------------------------------------------------------------------- records
 
 
+class PackedSlice(NamedTuple):
+    """Where a gradient written packed lies in its pack's flat array (``Changed.packs``)."""
+
+    slot: int
+    start: int
+    size: int
+    shape: tuple[int, ...]
+
+
+class Committed(NamedTuple):
+    """A state slot ``compiled._commit`` committed to its device (``Plan.committed``).
+
+    ``committed`` is a weak reference: a plan holds no state array, so that a donating
+    call can tell arrays the user holds by their reference counts.
+    """
+
+    container: dict
+    key: Any
+    uncommitted: Any
+    committed: Callable[[], Any]
+
+
 class Changed:
     """The slot values a trace changed: indices and packs are static, values are outputs.
 
     ``values[i]`` is the new value of slot ``indices[i]``; after those come
-    one flat array per pack: ``packs[j]`` lists ``(slot, start, size, shape)``
-    of the gradients written as slices of the ``j``-th (see ``_pack_grads``).
+    one flat array per pack: ``packs[j]`` lists the :class:`PackedSlice` of the
+    gradients written as slices of the ``j``-th (see ``_pack_grads``).
     ``stacks`` lists ``(stack slot, member slots)`` of the groups (see
     :class:`Group`) whose stacked value was written: each member's slot gets
     its block of it.
@@ -69,7 +91,7 @@ class Changed:
         self,
         indices: tuple[int, ...],
         values: tuple[Any, ...],
-        packs: tuple = (),
+        packs: tuple[tuple[PackedSlice, ...], ...] = (),
         stacks: tuple = (),
     ):
         self.indices = indices
@@ -139,7 +161,7 @@ def _pack_grads(
     for members in groups.values():
         meta, start = [], 0
         for i, v in members:
-            meta.append((i, start, int(v.size), tuple(v.shape)))
+            meta.append(PackedSlice(i, start, int(v.size), tuple(v.shape)))
             start += int(v.size)
         flats.append(_flat.concat([v.reshape(-1) for _, v in members]))
         packs.append(tuple(meta))
@@ -208,9 +230,9 @@ class Plan:
     #: What the trace of ``key`` read from Python (``guards.Guards``; None: not traced
     #: yet, or nothing to guard). A call whose guards changed traces again.
     code: Any = None
-    #: ``(container, key, uncommitted, committed)`` of the slots ``_plan_for`` committed
-    #: to their device: put back if the program turns out to span other devices.
-    committed: tuple = ()
+    #: The slots ``_plan_for`` committed to their device: put back if the program turns
+    #: out to span other devices.
+    committed: tuple[Committed, ...] = ()
     #: The thread's ``jm.autocast`` regions the plan was made under (in ``key`` too).
     autocast: tuple | None = None
     #: Whether a call already said that it deletes donated arrays the user holds, and
@@ -661,13 +683,10 @@ def _compiles(fn: Any) -> int:
 
 
 def check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
+    """Raise :data:`state.META_HELP`, naming the slot, if a slot holds a meta value."""
     for (c, k), name in zip(slots, names):
         if isinstance(c.get(k), jax.ShapeDtypeStruct):
-            raise RuntimeError(
-                f"'{name}' is on the meta device (shape and dtype only, no data), so the module "
-                "cannot run. Allocate it with module.to_empty(device=...) and initialise it "
-                "(reset_parameters() or load_state_dict) first."
-            )
+            raise RuntimeError(f"{state.META_HELP} ('{name}': the module cannot run)")
 
 
 def read_state(program: Program, plan: Plan) -> list[Any]:
@@ -742,9 +761,9 @@ def write_back(
         for j, members in enumerate(changed.packs):
             flat = values[n + j]
             owned = recorder is not None and recorder.owns(flat)
-            for i, start, size, shape in members:
-                c, k = slots[i]
-                packed = state.PackedGrad(flat, start, size, shape)
+            for m in members:
+                c, k = slots[m.slot]
+                packed = state.PackedGrad(flat, m.start, m.size, m.shape)
                 if owned:  # sliced now: the gradient returns its primal value, an array
                     recorder.note_write(c, k)
                     c[k] = packed.materialize()
@@ -999,7 +1018,7 @@ def _check_held(plan: Plan, candidates: list[tuple[int, int, Any]], held: int | 
     # to each (JAX's Python dispatch under a changed config), and a warning must not
     # be a false alarm; missing a held array only leaves JAX's own error.
     held = max(held or 0, min(counts, default=0))
-    shared = {id(e[3]()) for e in plan.committed if sys.getrefcount(e[2]) > 2}  # e, arg
+    shared = {id(e.committed()) for e in plan.committed if sys.getrefcount(e.uncommitted) > 2}
     names = _held_names(plan, candidates, counts, held, shared)
     if not names:
         return
@@ -1010,7 +1029,11 @@ def _check_held(plan: Plan, candidates: list[tuple[int, int, Any]], held: int | 
     plan.held_collections += 1
     gc.collect()
     counts = [sys.getrefcount(v) - 2 - _views(v) for _, _, v in candidates]
-    shared = {id(e[3]()) for e in plan.committed if sys.getrefcount(e[2]) - _views(e[2]) > 2}
+    shared = {
+        id(e.committed())
+        for e in plan.committed
+        if sys.getrefcount(e.uncommitted) - _views(e.uncommitted) > 2  # the record, the arg
+    }
     names = _held_names(plan, candidates, counts, held, shared)
     if not names:
         return
@@ -1045,6 +1068,13 @@ def _fresh(changed: Changed, n: int) -> tuple[int, ...]:
     return tuple(map(id, changed.values[:n]))
 
 
+#: Traces ``call_donating`` may start before its donation set is settled. A restart
+#: narrows the set to what the trace writes (``_Redonate``) or passes gradients a trace
+#: read (``_Reread``); each happens at most once per structure, so two or three traces
+#: settle it, and a fourth failure is a bug, reported as such.
+SETTLE_ATTEMPTS = 4
+
+
 def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None) -> Any:
     """Like :func:`call`, donating the old value of every slot the program rewrites.
 
@@ -1066,7 +1096,7 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
         made = program.donations.get(plan.key)
         wanted = made.donated if made is not None else tuple(range(len(vals)))
     tail = (args,) if kwargs is None else (args, kwargs)
-    for _ in range(4):
+    for _ in range(SETTLE_ATTEMPTS):
         idx = _unique_buffers(tuple(i for i in wanted if vals[i] is not None), vals)
         keep, nones = _kept_slots(program, plan, idx, vals)
         if last is not None and idx == last.donated and keep == last.kept:

@@ -26,7 +26,7 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +83,41 @@ def _tap_bwd(sink: _Sink, _: None, g: Any) -> tuple[None, None]:
 _tap.defvjp(_tap_fwd, _tap_bwd)
 
 
+class Tap(NamedTuple):
+    """A parameter a recorder differentiates: its cell, its value before, its tap index."""
+
+    cell: Any
+    before: Any
+    index: int
+
+
+class Write(NamedTuple):
+    """A slot written with a value of the recorder's trace, and the value it held before."""
+
+    container: dict
+    key: str
+    before: Any
+
+
+class NewValue(NamedTuple):
+    """A recorded write's slot and the value the closure left there (``Recorder.finish``)."""
+
+    container: dict
+    key: str
+    value: Any
+
+
+class Differentiated(NamedTuple):
+    """What :func:`differentiate` computed."""
+
+    loss: Any
+    aux: Any
+    recorder: Recorder
+    #: Cotangents by tap index; None when the closure was a PyTorch-style step closure
+    #: (it called ``jm.backward`` itself).
+    grads: dict[int, Any] | None
+
+
 class Recorder:
     """One gradient computation in progress in this thread: what its closure reads and writes.
 
@@ -114,12 +149,12 @@ class Recorder:
         self.nested = False
         #: The recorder active when this one started (see :func:`outside`).
         self.outer: Recorder | None = state.local.recorder
-        #: Per tapped parameter, by id: ``(parameter, its value before, tap index)``.
-        self.tapped: dict[int, tuple[Any, Any, int]] = {}
+        #: Per tapped parameter, by id.
+        self.tapped: dict[int, Tap] = {}
         #: Cotangents by tap index (filled when the VJP runs).
         self.grads: dict[int, Any] = {}
-        #: Slots written with values of this trace: ``(container, key) -> old value``.
-        self.writes: dict[tuple[int, str], tuple[dict, str, Any]] = {}
+        #: Slots written with values of this trace, by ``(id(container), key)``.
+        self.writes: dict[tuple[int, str], Write] = {}
         #: Modules called, each snapshotted on its first call.
         self.snapshots: dict[int, binding.Snapshot] = {}
         self.called: list[tuple[None, Any]] = []
@@ -146,7 +181,7 @@ class Recorder:
             with _set_current_trace(self.tape.parent_trace):  # maybe in a nested trace
                 v = _committed(v)
         marked = self._mark(_Sink(self, index), v)
-        self.tapped[id(cell)] = (cell, v, index)
+        self.tapped[id(cell)] = Tap(cell, v, index)
         state.assign(cell, marked)
         return marked
 
@@ -175,7 +210,7 @@ class Recorder:
         indices = tuple(range(start, start + len(cells)))
         marked = self._mark(_StackSink(self, indices), stacked)
         for b, (cell, index) in enumerate(zip(cells, indices)):
-            self.tapped[id(cell)] = (cell, state.raw(cell), index)
+            self.tapped[id(cell)] = Tap(cell, state.raw(cell), index)
             state.assign(cell, state.StackedValue(marked, b))
         return marked
 
@@ -195,7 +230,7 @@ class Recorder:
         """An array argument to differentiate (``jm.grad`` of an array): ``(tapped, index)``."""
         holder = state.Cell()  # not a parameter: only tapped here, never read by a module
         marked = self.tap(holder, x)
-        return marked, self.tapped[id(holder)][2]
+        return marked, self.tapped[id(holder)].index
 
     def owns(self, v: Any) -> bool:
         """Whether ``v`` is a value of this recorder's trace (it depends on tapped values)."""
@@ -205,7 +240,7 @@ class Recorder:
         """``container[key]`` is about to hold a value of this trace: restore it at the end."""
         k = (id(container), key)
         if k not in self.writes:
-            self.writes[k] = (container, key, container.get(key))
+            self.writes[k] = Write(container, key, container.get(key))
 
     def enter(self, module: Any) -> None:
         """``module`` is being called: snapshot it on its first call."""
@@ -216,21 +251,21 @@ class Recorder:
 
     # -------------------------------------------------------------- the end
 
-    def finish(self, ok: bool) -> list[tuple[dict, str, Any]]:
+    def finish(self, ok: bool) -> list[NewValue]:
         """Put back every tapped value and written slot; check the modules for leaks.
 
-        Returns ``(container, key, new value)`` of every recorded write, for
-        the caller to write back as primal values once the VJP is done.
+        Returns every recorded write's new value, for the caller to write back as
+        primal values once the VJP is done.
         """
-        for cell, old, _ in self.tapped.values():
-            state.assign(cell, old)
+        for t in self.tapped.values():
+            state.assign(t.cell, t.before)
         new = []
-        for container, key, old in self.writes.values():
-            new.append((container, key, container.get(key)))
-            container[key] = old
-        allowed = {id(old) for _, old, _ in self.tapped.values()}
+        for w in self.writes.values():
+            new.append(NewValue(w.container, w.key, w.container.get(w.key)))
+            w.container[w.key] = w.before
+        allowed = {id(t.before) for t in self.tapped.values()}
         binding.check_and_restore(
-            list(self.snapshots.values()), self.called, ok, allowed | {id(v) for *_, v in new}
+            list(self.snapshots.values()), self.called, ok, allowed | {id(n.value) for n in new}
         )
         return new
 
@@ -298,8 +333,8 @@ def in_graph(fn: Callable, args: tuple, kwargs: dict) -> Any:
         rec.snapshots = {}
         rec.called = []
         rec.writes = {}
-    for container, key, v in new:
-        container[key] = _tape.concrete(v)
+    for n in new:
+        n.container[n.key] = _tape.concrete(n.value)
     return out
 
 
@@ -310,12 +345,11 @@ def differentiate(
     has_aux: bool = False,
     caller: str,
     step_closure: bool = False,
-) -> tuple[Any, Any, Recorder, dict[int, Any] | None]:
+) -> Differentiated:
     """Run ``fn(recorder)`` once, differentiated w.r.t. every parameter it reads.
 
-    Returns ``(loss, aux, recorder, cotangents by tap index)``; the cotangents
-    are None when the closure turned out to be a PyTorch-style step closure
-    (it called ``jm.backward`` itself). Recorded buffer writes are written
+    The cotangents are None when the closure turned out to be a PyTorch-style step
+    closure (it called ``jm.backward`` itself). Recorded buffer writes are written
     back, as their primal values.
     """
     if not state.local.bound and _tape.eager():
@@ -338,8 +372,8 @@ def differentiate(
         finally:
             state.local.recorder = outer
             new = rec.finish(ok)
-        where.extend((container, key) for container, key, _ in new)
-        writes = [v for _, _, v in new]
+        where.extend((n.container, n.key) for n in new)
+        writes = [n.value for n in new]
         loss, aux = out if has_aux else (out, None)
         loss = state.value(loss)
         if type(loss) is _Tensor:  # a jm.Tensor loss: given back as one
@@ -359,10 +393,10 @@ def differentiate(
     for (container, key), v in zip(where, writes):
         container[key] = v
     if rec.nested:
-        return loss, aux, rec, None
+        return Differentiated(loss, aux, rec, None)
     if rec.tapped:
         vjp_fn(jnp.ones_like(loss))
-    return _wrap(loss) if tensor_loss else loss, aux, rec, rec.grads
+    return Differentiated(_wrap(loss) if tensor_loss else loss, aux, rec, rec.grads)
 
 
 def _differentiate_eagerly(
@@ -371,7 +405,7 @@ def _differentiate_eagerly(
     has_aux: bool,
     caller: str,
     step_closure: bool,
-) -> tuple[Any, Any, Recorder, dict[int, Any] | None]:
+) -> Differentiated:
     """:func:`differentiate` outside any trace: the closure runs on a tape (``tape.py``).
 
     The same contract, with the values concrete: what the closure wrote to
@@ -394,8 +428,8 @@ def _differentiate_eagerly(
         finally:
             if not ok:
                 tape.done = True
-    for container, key, v in new:
-        container[key] = _tape.concrete(v)
+    for n in new:
+        n.container[n.key] = _tape.concrete(n.value)
     loss, aux = out if has_aux else (out, None)
     loss = state.value(loss)
     tensor_loss = type(loss) is _Tensor
@@ -411,7 +445,7 @@ def _differentiate_eagerly(
     finally:
         tape.done = True
     loss = _tape.concrete(loss)
-    return _wrap(loss) if tensor_loss else loss, _tape.usable(aux), rec, grads
+    return Differentiated(_wrap(loss) if tensor_loss else loss, _tape.usable(aux), rec, grads)
 
 
 def _committed(v: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The ``torch.*`` functions model and training code calls, as ``jm.*`` (API.md section 11).
+"""The ``torch.*`` functions model and training code calls, as ``jm.*`` (``__all__``).
 
 One file per family: ``creation`` (``tensor``, ``zeros``, ``arange``, ...),
 ``random_fns`` (``rand``, ``randn``, ``multinomial``, ... from the jm

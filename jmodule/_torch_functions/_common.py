@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import _device, _factory
-from jmodule._device import out_dtype as out_dtype  # the dtype rule's owner is _device
 from jmodule._lowering import state
 from jmodule._lowering.state import as_array
+from jmodule._placement import device as _device
+from jmodule._placement import factory as _factory
+from jmodule._placement.device import out_dtype as out_dtype  # the dtype rule's owner is _device
 
 __all__ = [
     "arr",

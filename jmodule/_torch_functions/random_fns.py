@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import _device, _factory
 from jmodule import random as _random
+from jmodule._placement import device as _device
+from jmodule._placement import factory as _factory
 from jmodule._torch_functions._common import (
     arr,
     default_float,

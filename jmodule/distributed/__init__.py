@@ -31,9 +31,9 @@ P(None, 'data')
 ((16, 4), (2, 4))
 """
 
-from jmodule._sharding import Rules as Rules
-from jmodule._sharding import ShardingRuleError as ShardingRuleError
-from jmodule._sharding import Spec as Spec
+from jmodule._placement.sharding import Rules as Rules
+from jmodule._placement.sharding import ShardingRuleError as ShardingRuleError
+from jmodule._placement.sharding import Spec as Spec
 from jmodule.distributed._constrain import constrain as constrain
 from jmodule.distributed._mesh import make_mesh as make_mesh
 from jmodule.distributed._mesh import replicated as replicated

@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jmodule._lowering.state import Cell
-from jmodule._sharding import axis_size
+from jmodule._placement.sharding import axis_size
 
 __all__ = ["make_mesh", "replicated", "shard_batch"]
 

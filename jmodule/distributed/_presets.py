@@ -13,7 +13,7 @@ from typing import Literal
 
 from jax.sharding import Mesh, PartitionSpec
 
-from jmodule._sharding import Spec, axis_size
+from jmodule._placement.sharding import Spec, axis_size
 
 __all__ = ["DEFAULT_TP_PLAN", "fsdp", "tensor_parallel"]
 

@@ -1,9 +1,9 @@
 """``jm.distributed.shard`` and ``shardings``: place a model's arrays by name-pattern rules.
 
 The rules themselves (patterns, specs, every check against shapes and the
-mesh) are ``jmodule/_sharding.py``, beneath both this module and
+mesh) are ``jmodule/_placement/sharding.py``, beneath both this module and
 ``Module.to_empty(device=(mesh, rules))``; :func:`put` (placing onto a mesh
-that spans processes) is ``jmodule/_placement.py``'s.
+that spans processes) is ``jmodule/_placement/parse.py``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jmodule._lowering import state
 from jmodule._placement import put
-from jmodule._sharding import ArrayPlan, Rules, plan
+from jmodule._placement.sharding import ArrayPlan, Rules, plan
 
 __all__ = ["shard", "shardings"]
 

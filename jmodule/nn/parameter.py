@@ -81,7 +81,7 @@ def _arg(x: Any) -> Any:
 
 
 class _TensorMethods(Cell):
-    """The ``torch.Tensor`` methods model code calls on parameters (API.md section 11).
+    """The ``torch.Tensor`` methods model code calls on parameters, with torch's meanings.
 
     Reading methods compute through ``state.read`` (a ``jm.backward`` sees
     them: gradients flow); in-place ones replace the value as ``p.data = ...``
@@ -296,7 +296,8 @@ class _TensorMethods(Cell):
         >>> w.to(jm.bfloat16).dtype, w.to(jm.float32) is w, type(w.to(jm.int)).__name__
         (dtype(bfloat16), True, 'ArrayImpl')
         """
-        from jmodule import _device, _placement
+        from jmodule import _placement
+        from jmodule._placement import device as _device
         from jmodule._torch_functions._common import out_dtype
 
         dtype = kwargs.pop("dtype", None)
@@ -318,7 +319,7 @@ class _TensorMethods(Cell):
             if isinstance(spec, jax.core.Tracer):
                 dtype = spec.dtype  # a traced array: no device to read
                 continue
-            device_like, dtype_like = _placement._one(spec)
+            device_like, dtype_like = _placement.one(spec)
             where = device_like if device_like is not None else where
             dtype = dtype_like if dtype_like is not None else dtype
         raw = self._meta_or_value()

@@ -1,6 +1,6 @@
 """``map_location``: where and in which dtype loaded arrays land.
 
-Accepts what ``Module.to`` accepts, read by ``jmodule/_placement.py``: a
+Accepts what ``Module.to`` accepts, read by ``jmodule/_placement/parse.py``: a
 device (``"cpu"``, ``"cuda:1"``, an int, ``jm.device``, ``jax.Device``), a
 ``jax.sharding.Sharding``, a dtype (floating and complex arrays are cast,
 integer ones only move), a ``(device, dtype)`` pair, an array (its sharding

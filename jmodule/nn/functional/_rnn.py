@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import _device, _placement
+from jmodule import _placement
 from jmodule import random as _random
 from jmodule._lowering import state as _state
+from jmodule._placement import device as _device
 from jmodule.amp import _autocast as _amp
 from jmodule.nn.functional._utils import compute_dtype
 from jmodule.nn.parameter import as_array

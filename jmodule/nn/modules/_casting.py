@@ -2,9 +2,9 @@
 
 Every parameter keeps its identity (optimizers holding it stay valid): only
 its value is replaced. What the arguments mean, and putting one array where
-they say, is ``jmodule/_placement.py``'s (``jm.load``'s ``map_location``
+they say, is ``jmodule/_placement/parse.py``'s (``jm.load``'s ``map_location``
 reads the same words); checks of a sharding against every array, and
-``to_empty(device=(mesh, rules))``, are ``jmodule/_sharding.py``'s.
+``to_empty(device=(mesh, rules))``, are ``jmodule/_placement/sharding.py``'s.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 
-from jmodule import _device, _placement, _sharding
+from jmodule import _placement
 from jmodule._lowering import state
+from jmodule._placement import device as _device
+from jmodule._placement import sharding as _sharding
 from jmodule.nn.parameter import Parameter
 
 T = TypeVar("T")

@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule._device import is_meta
 from jmodule._lowering import state
 from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.errors import DeletedArrayError
+from jmodule._placement.device import is_meta
 from jmodule.nn.modules._hooks import RemovableHandle
 from jmodule.nn.parameter import Parameter, as_array
 

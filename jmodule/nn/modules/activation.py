@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from jmodule import _factory
+from jmodule._placement import factory as _factory
 from jmodule.nn import functional as F
 from jmodule.nn import init
 from jmodule.nn.modules.module import Module

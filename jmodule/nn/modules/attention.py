@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from jmodule import _factory
+from jmodule._placement import factory as _factory
 from jmodule.nn import init
 from jmodule.nn.functional._attention import multi_head_attention_forward
 from jmodule.nn.modules.linear import Linear

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from jmodule import _factory
+from jmodule._placement import factory as _factory
 from jmodule.nn import functional as F
 from jmodule.nn import init
 from jmodule.nn.functional._conv import same_padding

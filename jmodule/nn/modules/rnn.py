@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jmodule import _factory
 from jmodule._lowering import state as _state
+from jmodule._placement import factory as _factory
 from jmodule.nn import init
 from jmodule.nn.functional import _rnn
 from jmodule.nn.functional._rnn import PackedSequence

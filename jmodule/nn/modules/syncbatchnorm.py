@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jmodule import _device
+from jmodule._placement import device as _device
 from jmodule.nn import functional as F
 from jmodule.nn.modules.batchnorm import _BatchNorm
 from jmodule.nn.parameter import as_array

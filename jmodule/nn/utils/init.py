@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import jax
 
-from jmodule import _factory
+from jmodule._placement import factory as _factory
 from jmodule.nn.modules.module import Module
 
 __all__ = ["skip_init"]

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import _device
+from jmodule._placement import device as _device
 
 __all__ = [
     "Place",
@@ -36,6 +36,7 @@ __all__ = [
     "is_dtype",
     "is_meta",
     "move",
+    "one",
     "parse",
     "put",
 ]
@@ -125,7 +126,7 @@ def floating_dtype(dtype: Any, *, what: str = "to") -> np.dtype:
     return dt
 
 
-def _one(spec: Any) -> tuple[Any, Any]:
+def one(spec: Any) -> tuple[Any, Any]:
     """One argument as ``(device-like or None, dtype-like or None)``."""
     if isinstance(spec, jax.Array):
         return spec.sharding, spec.dtype
@@ -173,7 +174,7 @@ def parse(
     for spec in specs:
         if spec is None:
             continue
-        where, kind = _one(spec)
+        where, kind = one(spec)
         if where is not None:
             place = _device.resolve(where)
         if kind is not None:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmodule import _device
+from jmodule._placement import device as _device
 
 
 def placement(device: Any = None) -> Any:
