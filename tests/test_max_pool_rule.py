@@ -122,17 +122,74 @@ def test_integer_inputs_pool_by_the_same_rule():
     np.testing.assert_array_equal(np.asarray(idx), t_idx.numpy())
 
 
+def _big(nd: int, seed: int) -> np.ndarray:
+    """A hostile input with maps large enough for windows past ``TAP_LIMIT``."""
+    x = _hostile(nd, seed)
+    return np.tile(x, (1, 1, *(2,) * nd)) if nd < 3 else x
+
+
+#: Every other path of the rule: adaptive windows (uneven and overlapping), windows
+#: past the slice limit (reduce_window), and large dilated windows (a gather).
+OTHER_PATHS = [
+    ("adaptive_max_pool1d", 1, {"output_size": 4}),
+    ("adaptive_max_pool1d", 1, {"output_size": 7}),  # 9 -> 7: windows overlap
+    ("adaptive_max_pool2d", 2, {"output_size": 2}),
+    ("adaptive_max_pool2d", 2, {"output_size": (3, 5)}),
+    ("adaptive_max_pool2d", 2, {"output_size": 1}),  # one window of everything
+    ("adaptive_max_pool3d", 3, {"output_size": (2, 3, 2)}),
+    ("max_pool2d", 2, {"kernel_size": 9, "stride": 3, "padding": 2}),
+    ("max_pool1d", 1, {"kernel_size": 66, "stride": 5, "padding": 20, "ceil_mode": True}),
+    ("max_pool2d", 2, {"kernel_size": 9, "stride": 2, "padding": 1, "dilation": 2}),
+    ("max_pool1d", 1, {"kernel_size": 65, "stride": 3, "padding": 4, "dilation": 2}),
+]
+
+
+def _other_path_input(fn: str, nd: int, seed: int) -> np.ndarray:
+    x = _big(nd, seed)
+    if fn == "max_pool1d":
+        x = np.tile(x, (1, 1, 8))  # 144 long: room for windows 129 wide
+    return x
+
+
 @pytest.mark.torch
-def test_windows_past_the_slice_limit_pick_torch_indices_too():
-    # More than TAP_LIMIT elements per window: reduce_window, with the same rule for
-    # the values and indices (its gradient goes to the first maximum).
+@pytest.mark.parametrize(("fn", "nd", "kwargs"), OTHER_PATHS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_adaptive_and_large_windows_follow_the_rule(fn, nd, kwargs, seed, compiled):
+    """Values, indices and gradients as torch's, NaN (the last wins), all -inf windows
+    and ties included, eagerly and inside ``jm.compile``."""
     from jmodule.nn.functional import _pooling
 
-    kernel = 9
-    assert kernel * kernel > _pooling.TAP_LIMIT
-    x = _hostile(2, 3)
-    x = np.tile(x, (1, 1, 2, 2))  # 18 x 16 maps, room for 9 x 9 windows
-    want, want_idx = TF.max_pool2d(torch.from_numpy(x), kernel, 3, 2, return_indices=True)
-    out, idx = F.max_pool2d(jnp.asarray(x), kernel, 3, 2, return_indices=True)
-    np.testing.assert_array_equal(np.asarray(out), want.numpy())
+    x = _other_path_input(fn, nd, seed)
+    if "kernel_size" in kwargs:
+        k = kwargs["kernel_size"]
+        assert k**nd > _pooling.TAP_LIMIT  # not the slice path
+    xt = torch.from_numpy(x).requires_grad_(True)
+    want, want_idx = getattr(TF, fn)(xt, return_indices=True, **kwargs)
+    cot = np.random.default_rng(seed).standard_normal(want.shape).astype(np.float32)
+    (want * torch.from_numpy(cot)).sum().backward()
+    pool = getattr(F, fn)
+    run = jm.compile(lambda v: pool(v, return_indices=True, **kwargs)) if compiled else None
+    out, idx = (
+        run(jnp.asarray(x)) if compiled else pool(jnp.asarray(x), return_indices=True, **kwargs)
+    )
+    np.testing.assert_array_equal(np.asarray(out), want.detach().numpy())
     np.testing.assert_array_equal(np.asarray(idx), want_idx.numpy())
+    grad = jax.grad(lambda v: (pool(v, **kwargs) * cot).sum())
+    grad = jax.jit(grad) if compiled else grad
+    np.testing.assert_allclose(
+        np.asarray(grad(jnp.asarray(x))), xt.grad.numpy(), rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("fn", ["adaptive_max_pool2d", "max_pool2d"])
+def test_the_last_nan_of_a_window_wins_on_every_path(fn):
+    """Two NaNs in one window: torch picks the later one, on every path."""
+    x = np.arange(16.0, dtype=np.float32).reshape(1, 1, 4, 4)
+    x[0, 0, 0, 1] = x[0, 0, 1, 0] = np.nan
+    kwargs = {"output_size": 2} if fn.startswith("adaptive") else {"kernel_size": 2}
+    want = getattr(TF, fn)(torch.from_numpy(x), return_indices=True, **kwargs)[1]
+    got = getattr(F, fn)(jnp.asarray(x), return_indices=True, **kwargs)[1]
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())
+    assert int(np.asarray(got)[0, 0, 0, 0]) == 4  # (1, 0): the later NaN in torch's order

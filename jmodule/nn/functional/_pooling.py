@@ -180,25 +180,33 @@ def _max_pool(
 #: window wins, except that a NaN wins over anything before it (the last NaN
 #: wins); a window of only ``-inf`` picks its first element inside the input.
 #: The output is then a gather of the winners (its gradient one scatter-add).
-#: Larger windows lower to ``reduce_window`` (indices by the same rule; the
-#: gradient goes to the first maximum).
+#: Larger windows lower to one ``reduce_window`` of (value, position) pairs by
+#: the same rule, and a gather of the winners.
 TAP_LIMIT = 64
 
 
-def _torch_max_reducer(a: tuple, b: tuple) -> tuple:
-    """The winner of two window elements (value, position) by PyTorch's max-pool rule.
+def _replaces(challenger: jax.Array, best: jax.Array) -> jax.Array:
+    """PyTorch's max-pool rule, the one every max-pool path here follows.
 
-    A total order, so the reduction may pair elements in any order: a NaN
-    beats a number, the later of two NaNs wins; a larger number wins, the
-    earlier of two equal ones (padding comes after everything).
+    PyTorch's CPU kernel walks each window in order, from ``-inf`` on its first
+    element inside the input, and moves to a later element that is strictly
+    greater or NaN. So ties go to the first maximum, the last NaN wins, and a
+    window of only ``-inf`` picks its first element inside the input. This says
+    whether a later element ``challenger`` replaces ``best``.
+    """
+    return (challenger > best) | (challenger != challenger)
+
+
+def _torch_max_reducer(a: tuple, b: tuple) -> tuple:
+    """The winner of two window elements ``(value, position)`` by :func:`_replaces`.
+
+    The walk's rule made pairwise, for reductions (``reduce_window``,
+    ``lax.reduce``) that may pair elements in any order: whichever of the two comes
+    later replaces the other as the walk would. Padding has a position after
+    every element of the input.
     """
     (av, ai), (bv, bi) = a, b
-    a_nan, b_nan = av != av, bv != bv
-    take_b = jnp.where(
-        a_nan | b_nan,
-        b_nan & (~a_nan | (bi > ai)),
-        (bv > av) | ((bv == av) & (bi < ai)),
-    )
+    take_b = jnp.where(bi > ai, _replaces(bv, av), ~_replaces(av, bv))
     return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
 
 
@@ -232,7 +240,7 @@ def _tap_max(x: jax.Array, win: _Windows, return_indices: bool) -> Any:
         best, at = jnp.full(v.shape[:2] + tuple(win.out), low, v.dtype), jnp.asarray(first)
         for i, f, ok in zip(index, flat, inside):
             t = vp[(slice(None), slice(None), *i)]
-            move = (t > best) | (t != t)
+            move = _replaces(t, best)
             if ok is not None:
                 move = move & ok
             best, at = jnp.where(move, t, best), jnp.where(move, f, at)
@@ -254,16 +262,19 @@ def _tap_max(x: jax.Array, win: _Windows, return_indices: bool) -> Any:
 
 
 def _reduce_max(x: jax.Array, win: _Windows, return_indices: bool) -> Any:
+    """Large windows: one ``reduce_window`` of (value, position) pairs by the rule, then a
+    gather of the winners (so the gradient reaches the winner, as in PyTorch)."""
     low = _lowest(x.dtype)
-    out = win.reduce(x, low, jax.lax.max)
-    if not return_indices:
-        return out
     spatial = x.shape[2:]
     positions = jnp.arange(math.prod(spatial), dtype=index_dtype()).reshape(spatial)
     positions = jnp.broadcast_to(positions, x.shape)
     big = np.array(jnp.iinfo(positions.dtype).max, positions.dtype)
     _, idx = win.reduce((jax.lax.stop_gradient(x), positions), (low, big), _torch_max_reducer)
-    return out, idx
+    n, c = x.shape[:2]
+    out = jnp.take_along_axis(
+        x.reshape(n, c, -1), idx.reshape(n, c, -1), axis=-1, mode="promise_in_bounds"
+    ).reshape(idx.shape)
+    return (out, idx) if return_indices else out
 
 
 def _avg_divisor(win: _Windows, sizes: tuple, count_include_pad: bool) -> np.ndarray:
@@ -522,9 +533,10 @@ def _gather_max(
     x: jax.Array, tables: list[tuple[np.ndarray, np.ndarray]], return_indices: bool
 ) -> Any:
     """Max over arbitrary windows of batched ``x``: one ``(out, width)`` index
-    table and validity mask per spatial axis. One gather of every window,
-    then an argmax, so the gradient reaches only the first maximum, as
-    PyTorch's."""
+    table and validity mask per spatial axis. One gather of every window, then
+    one reduction of (value, place in the window) pairs by the rule
+    (:func:`_torch_max_reducer`), so values, indices and the gradient (to the
+    winner only) are PyTorch's."""
     nd = len(tables)
     spatial = x.shape[2:]
     outs = tuple(idx.shape[0] for idx, _ in tables)
@@ -544,8 +556,19 @@ def _gather_max(
     planes = x.reshape((*x.shape[:2], -1))
     windows = jnp.take(planes, jnp.asarray(flat.reshape(-1)), axis=2)
     windows = windows.reshape((*x.shape[:2], n_out, width))
-    windows = jnp.where(jnp.asarray(valid), windows, _lowest(x.dtype))
-    arg = jnp.argmax(windows, axis=-1, keepdims=True)
+    low = _lowest(x.dtype)
+    windows = jnp.where(jnp.asarray(valid), windows, low)
+    big = np.iinfo(np.int32).max
+    order = jnp.broadcast_to(
+        jnp.asarray(np.where(valid, np.arange(width, dtype=np.int32), big)), windows.shape
+    )
+    _, arg = jax.lax.reduce(
+        (jax.lax.stop_gradient(windows), order),
+        (np.array(low, windows.dtype), np.int32(big)),
+        _torch_max_reducer,
+        (windows.ndim - 1,),
+    )
+    arg = arg[..., None]
     out = jnp.take_along_axis(windows, arg, axis=-1)[..., 0].reshape(x.shape[:2] + outs)
     if not return_indices:
         return out
