@@ -542,30 +542,3 @@ def test_functional_call_inside_backward_does_not_differentiate_the_replaced_par
     values = {n: jnp.ones_like(p.data) for n, p in m.named_parameters()}  # not the parameters
     jm.backward(lambda: jm.func.functional_call(m, values, (jnp.ones((2, 3)),)).sum())
     assert m.weight.grad is None and m.bias.grad is None  # torch: they took no part
-
-
-def test_tree_slots_enumerates_once_and_names_every_alias_in_one_walk():
-    """Each slot once (a shared block, a tied weight), every dotted name of
-    ``named_parameters``/``named_buffers(remove_duplicate=False)`` in the aliases, and
-    the buffers registered as None listed only when asked for, after the gradients."""
-    block = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
-    root = nn.Module()
-    root.a, root.b = block, block  # one block under two names
-    root.head = nn.Linear(3, 3)
-    root.tail = nn.Linear(3, 3)
-    root.tail.weight = root.head.weight  # tied
-    root.register_buffer("mask", None)
-    tree = state.tree_slots(root, grads=True, nones=True, aliases=True)
-    ids = [(id(c), k) for c, k in tree.slots]
-    assert len(ids) == len(set(ids))
-    assert [n for n, _ in root.named_parameters()] == [
-        n for n, k in zip(tree.names, tree.kinds) if k == "param"
-    ]
-    every = dict(root.named_parameters(remove_duplicate=False))
-    every.update(root.named_buffers(remove_duplicate=False))
-    assert set(tree.aliases) == set(every)
-    for name, (c, k) in tree.aliases.items():
-        assert c[k] is (every[name].__dict__["_value"] if k == "_value" else every[name])
-    assert tree.kinds[-1] == "none" and tree.names[-1] == "mask"
-    assert tree.kinds.count("grad") == len(tree.params)
-    assert "none" not in state.tree_slots(root).kinds

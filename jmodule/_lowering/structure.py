@@ -49,11 +49,6 @@ class Description:
     #: compute gradients (``jm.compile``); a plain forward never touches them.
     grad_slots: tuple[Slot, ...] = ()
     grad_names: tuple[str, ...] = ()
-    #: The buffers registered as None (``register_buffer("mask", None)``): no state (what
-    #: ``jm.jit`` exports and sharding places has values), but a compiled program may
-    #: give them one (``compiled._plan_for``).
-    none_slots: tuple[Slot, ...] = ()
-    none_names: tuple[str, ...] = ()
     #: Per slot in ``slots``: the Parameter whose value it holds, or None.
     cells: tuple[Any, ...] = ()
     #: The version of the described object this description is valid for.
@@ -66,7 +61,7 @@ def describe(root: Any) -> Description:
     cached = d.get("_jm_desc")
     if cached is not None and cached.version == d.get("_jm_version", 0):
         return cached
-    tree = state.tree_slots(root, grads=True, nones=True)
+    tree = state.tree_slots(root, grads=True)
     infos: dict[str, ModuleInfo] = {}
     for path, m in tree.named_modules:
         md = m.__dict__
@@ -87,8 +82,7 @@ def describe(root: Any) -> Description:
             ),
             children=tuple(k for k, v in md["_modules"].items() if v is not None),
         )
-    n = tree.kinds.index("grad") if "grad" in tree.kinds else len(tree.kinds)
-    g = n + len(tree.params)  # then the grad slots, then the None buffers
+    n = len(tree.slots) - len(tree.params)  # the grad slots come last
     params = iter(tree.params)
     desc = Description(
         key=tuple(infos.items()),
@@ -96,10 +90,8 @@ def describe(root: Any) -> Description:
         slots=tree.slots[:n],
         names=tree.names[:n],
         named_modules=tree.named_modules,
-        grad_slots=tree.slots[n:g],
-        grad_names=tree.names[n:g],
-        none_slots=tree.slots[g:],
-        none_names=tree.names[g:],
+        grad_slots=tree.slots[n:],
+        grad_names=tree.names[n:],
         cells=tuple(next(params) if k == "param" else None for k in tree.kinds[:n]),
         # Read after the walk: enumerating may link parameters, never touch them.
         version=d.get("_jm_version", 0),
