@@ -9,10 +9,10 @@ PyTorch, per parameter::
     param -= lr * delta
 
 ``optax.scale_by_adadelta`` is this arithmetic exactly (its ``e_g`` is
-``square_avg``, its ``e_x`` is ``acc_delta``); around it ``scale(-1)``
-(maximize), ``add_decayed_weights`` (L2 weight decay) and
-``scale_by_learning_rate``. optax's ``adadelta`` keeps no step count, so
-PyTorch's ``step`` comes from :func:`~jmodule.optim.rmsprop.count_steps`.
+``square_avg``, its ``e_x`` is ``acc_delta``); around it
+:func:`~jmodule.optim._transforms.torch_chain` (maximize, L2 weight decay,
+the learning rate). optax's ``adadelta`` keeps no step count, so PyTorch's
+``step`` comes from :func:`~jmodule.optim._transforms.count_steps`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 import optax
 
+from jmodule.optim._transforms import LR, WEIGHT_DECAY, count_steps, frame, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
-from jmodule.optim.rmsprop import count_steps
 
 __all__ = ["Adadelta"]
 
@@ -51,12 +51,7 @@ class Adadelta(TorchOptimizer):
     [-0.3015, -0.3015]
     """
 
-    _hyper = (
-        ("lr", "lr", None),
-        ("rho", "rho", None),
-        ("eps", "eps", None),
-        ("weight_decay", "weight_decay", None),
-    )
+    _hyper = (LR, ("rho", "rho", None), ("eps", "eps", None), WEIGHT_DECAY)
     _state_names = {
         ("step", "count"): "step",
         ("adadelta", "e_g"): "square_avg",
@@ -98,19 +93,10 @@ class Adadelta(TorchOptimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
-        )
+        return frame(group)
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = [("step", count_steps())]
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(("adadelta", optax.scale_by_adadelta(hp["rho"], hp["eps"])))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+        adadelta = optax.scale_by_adadelta(hp["rho"], hp["eps"])
+        return torch_chain(cfg, hp, ("adadelta", adadelta), first=[("step", count_steps())])

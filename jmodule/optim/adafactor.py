@@ -29,7 +29,9 @@ relative step size and parameter scale (``scale_by_param_block_rms``,
 has no ``lr``-capped ``rho`` or ``lr``-scaled decoupled weight decay. So
 :func:`scale_by_adafactor` is a small optax transformation with PyTorch's
 arithmetic and state (``row_var``/``col_var`` or ``variance``), giving the
-full update.
+full update (its weight decay included: it is scaled by ``lr``, not by the
+update's ``alpha``), after :func:`~jmodule.optim._transforms.torch_chain`'s
+maximize.
 
 Its state's shape depends on the parameter's (factored or not), so each
 parameter's structure says which (``_param_structure``), and its state is
@@ -48,6 +50,7 @@ import optax
 
 from jmodule._lowering import state as _state
 from jmodule.nn.parameter import Parameter
+from jmodule.optim._transforms import LR, WEIGHT_DECAY, frame, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = [
@@ -167,11 +170,11 @@ class Adafactor(TorchOptimizer):
     """
 
     _hyper = (
-        ("lr", "lr", None),
+        LR,
         ("beta2_decay", "beta2_decay", None),
         ("eps2", "eps", 1),
         ("d", "d", None),
-        ("weight_decay", "weight_decay", None),
+        WEIGHT_DECAY,
     )
     _state_names = {
         ("adafactor", "count"): "step",
@@ -218,10 +221,7 @@ class Adafactor(TorchOptimizer):
 
     def _structure(self, group: dict[str, Any]) -> tuple:
         eps1 = group["eps"][0]
-        return (
-            ("maximize", bool(group["maximize"])),
-            ("eps1", None if eps1 is None else float(eps1)),
-        )
+        return (*frame(group, decay=False), ("eps1", None if eps1 is None else float(eps1)))
 
     def _param_structure(self, group: dict[str, Any], p: Parameter) -> tuple:
         return (*self._structure(group), ("factored", _state.peek(p).ndim > 1))
@@ -232,11 +232,7 @@ class Adafactor(TorchOptimizer):
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
         adafactor = scale_by_adafactor(
             hp["lr"], hp["beta2_decay"], cfg["eps1"], hp["eps2"], hp["d"], hp["weight_decay"]
         )
-        chain.append(("adafactor", adafactor))
-        return optax.named_chain(*chain)
+        return torch_chain(cfg, hp, ("adafactor", adafactor), lr=False)

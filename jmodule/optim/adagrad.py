@@ -13,7 +13,8 @@ accumulator starting at 0.1). No optax piece moves ``eps`` out of the root,
 so :func:`scale_by_root_sum_of_squares` is ``scale_by_rss`` with PyTorch's
 denominator (same ``ScaleByRssState``). ``lr_decay`` is
 ``scale_by_schedule(count -> 1 / (1 + count * lr_decay))``, whose count is
-PyTorch's ``step``.
+PyTorch's ``step``. Around them, :func:`~jmodule.optim._transforms.torch_chain`
+(maximize, L2 weight decay, the learning rate).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import LR, WEIGHT_DECAY, frame, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["Adagrad", "scale_by_root_sum_of_squares"]
@@ -85,12 +87,7 @@ class Adagrad(TorchOptimizer):
     Array([-0.5, -0.5], dtype=float32)
     """
 
-    _hyper = (
-        ("lr", "lr", None),
-        ("lr_decay", "lr_decay", None),
-        ("eps", "eps", None),
-        ("weight_decay", "weight_decay", None),
-    )
+    _hyper = (LR, ("lr_decay", "lr_decay", None), ("eps", "eps", None), WEIGHT_DECAY)
     _state_names = {("lr_decay", "count"): "step", ("sum", "sum_of_squares"): "sum"}
     _state_order = ("step", "sum")
 
@@ -135,28 +132,14 @@ class Adagrad(TorchOptimizer):
 
     def _structure(self, group: dict[str, Any]) -> tuple:
         return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
+            *frame(group),
             ("initial_accumulator_value", float(group["initial_accumulator_value"])),
         )
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(
-            (
-                "sum",
-                scale_by_root_sum_of_squares(cfg["initial_accumulator_value"], hp["eps"]),
-            )
-        )
+        rss = scale_by_root_sum_of_squares(cfg["initial_accumulator_value"], hp["eps"])
         lr_decay = hp["lr_decay"]
-        chain.append(
-            ("lr_decay", optax.scale_by_schedule(lambda count: 1 / (1 + count * lr_decay)))
-        )
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+        decay = optax.scale_by_schedule(lambda count: 1 / (1 + count * lr_decay))
+        return torch_chain(cfg, hp, ("sum", rss), ("lr_decay", decay))

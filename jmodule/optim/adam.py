@@ -3,13 +3,13 @@
 optax's ``scale_by_adam`` is PyTorch's Adam update exactly: the same moment
 updates, bias corrections and ``eps`` added outside the square root of the
 bias-corrected second moment (optax's ``eps_root``, inside the root, stays
-0). Around it:
+0). Around it, :func:`~jmodule.optim._transforms.torch_chain`:
 
-* ``maximize`` is ``scale(-1)`` first, as PyTorch negates the gradient first.
-* Adam's ``weight_decay`` is L2 added to the gradient (``add_decayed_weights``
-  before the Adam scaling); AdamW's (and ``decoupled_weight_decay=True``) is
-  ``param *= 1 - lr * weight_decay``, which is ``add_decayed_weights`` after
-  the Adam scaling and before the learning rate: ``-lr * (adam + wd * param)``.
+* ``maximize`` negates the gradient first, as PyTorch does.
+* Adam's ``weight_decay`` is L2 added to the gradient (before the Adam
+  scaling); AdamW's (and ``decoupled_weight_decay=True``) is
+  ``param *= 1 - lr * weight_decay``, which is the same piece after the Adam
+  scaling and before the learning rate: ``-lr * (adam + wd * param)``.
 * ``amsgrad`` differs: PyTorch keeps the running maximum of the *raw* second
   moment and bias-corrects it with the current step,
   ``m_hat / (sqrt(max_v) / sqrt(bc2) + eps)``; ``optax.scale_by_amsgrad``
@@ -34,6 +34,7 @@ from typing import Any
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import LR, WEIGHT_DECAY, frame, moment_names, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["Adam", "AdamW"]
@@ -68,18 +69,8 @@ class Adam(TorchOptimizer):
     [-0.1, 0.1]
     """
 
-    _hyper = (
-        ("lr", "lr", None),
-        ("beta1", "betas", 0),
-        ("eps", "eps", None),
-        ("weight_decay", "weight_decay", None),
-    )
-    _state_names = {
-        ("adam", "count"): "step",
-        ("adam", "mu"): "exp_avg",
-        ("adam", "nu"): "exp_avg_sq",
-        ("adam", "nu_max"): "max_exp_avg_sq",
-    }
+    _hyper = (LR, ("beta1", "betas", 0), ("eps", "eps", None), WEIGHT_DECAY)
+    _state_names = {**moment_names("adam"), ("adam", "nu_max"): "max_exp_avg_sq"}
     _state_order = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def __init__(
@@ -116,9 +107,7 @@ class Adam(TorchOptimizer):
 
     def _structure(self, group: dict[str, Any]) -> tuple:
         return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
-            ("decoupled", bool(group["decoupled_weight_decay"])),
+            *frame(group, decoupled=True),
             ("amsgrad", bool(group["amsgrad"])),
             ("beta2", float(group["betas"][1])),
         )
@@ -127,24 +116,12 @@ class Adam(TorchOptimizer):
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         b1, b2, eps = hp["beta1"], cfg["beta2"], hp["eps"]
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"] and not cfg["decoupled"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        if cfg["amsgrad"]:
-            step = 1 if state is None else state["step"] + 1
-            s = jnp.sqrt(1 - b2**step)
-            chain.append(
-                ("adam", optax.scale_by_amsgrad(b1, b2, eps * s, bias_correction_nu=False))
-            )
-            chain.append(("bias_correction2", optax.scale(s)))
-        else:
-            chain.append(("adam", optax.scale_by_adam(b1, b2, eps)))
-        if cfg["decay"] and cfg["decoupled"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+        if not cfg["amsgrad"]:
+            return torch_chain(cfg, hp, ("adam", optax.scale_by_adam(b1, b2, eps)))
+        step = 1 if state is None else state["step"] + 1
+        s = jnp.sqrt(1 - b2**step)
+        amsgrad = optax.scale_by_amsgrad(b1, b2, eps * s, bias_correction_nu=False)
+        return torch_chain(cfg, hp, ("adam", amsgrad), ("bias_correction2", optax.scale(s)))
 
 
 class AdamW(Adam):

@@ -9,8 +9,8 @@ PyTorch, per parameter::
 
 ``optax.scale_by_adamax`` is this arithmetic exactly (its ``mu`` is
 ``exp_avg``, its ``nu`` is ``exp_inf``, its count is ``step``); around it
-``scale(-1)`` (maximize), ``add_decayed_weights`` (L2 weight decay) and
-``scale_by_learning_rate``. Both betas are hyper-parameter arrays: ``beta2``
+:func:`~jmodule.optim._transforms.torch_chain` (maximize, L2 weight decay,
+the learning rate). Both betas are hyper-parameter arrays: ``beta2``
 only multiplies (no ``1 - beta2`` that float32 would round, as in Adam).
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import optax
 
+from jmodule.optim._transforms import LR, WEIGHT_DECAY, frame, torch_chain
 from jmodule.optim.adam import _check
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
@@ -50,13 +51,7 @@ class Adamax(TorchOptimizer):
     [-0.1, 0.1]
     """
 
-    _hyper = (
-        ("lr", "lr", None),
-        ("beta1", "betas", 0),
-        ("beta2", "betas", 1),
-        ("eps", "eps", None),
-        ("weight_decay", "weight_decay", None),
-    )
+    _hyper = (LR, ("beta1", "betas", 0), ("beta2", "betas", 1), ("eps", "eps", None), WEIGHT_DECAY)
     _state_names = {
         ("adamax", "count"): "step",
         ("adamax", "mu"): "exp_avg",
@@ -91,19 +86,10 @@ class Adamax(TorchOptimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
-        )
+        return frame(group)
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(("adamax", optax.scale_by_adamax(hp["beta1"], hp["beta2"], hp["eps"])))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+        adamax = optax.scale_by_adamax(hp["beta1"], hp["beta2"], hp["eps"])
+        return torch_chain(cfg, hp, ("adamax", adamax))

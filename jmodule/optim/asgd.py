@@ -12,7 +12,9 @@ float32 scalars in the state, as PyTorch's scalar dtype)::
 
 optax has no averaged SGD, so :func:`scale_by_asgd` is a small optax
 transformation with PyTorch's arithmetic, giving the full update (``lr`` and
-the ``lambd`` decay included). The step uses the ``eta`` in the state
+the ``lambd`` decay included), after
+:func:`~jmodule.optim._transforms.torch_chain`'s maximize and L2 weight decay.
+The step uses the ``eta`` in the state
 (float32, so a float64 parameter moves by float32's ``lr`` on its first
 step, as in PyTorch); the new ``eta`` comes from the group's current ``lr``.
 The averaged parameters are ``opt.state[p]["ax"]``.
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import LR, WEIGHT_DECAY, frame, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["ASGD", "ScaleByASGDState", "scale_by_asgd"]
@@ -112,11 +115,11 @@ class ASGD(TorchOptimizer):
     """
 
     _hyper = (
-        ("lr", "lr", None),
+        LR,
         ("lambd", "lambd", None),
         ("alpha", "alpha", None),
         ("t0", "t0", None),
-        ("weight_decay", "weight_decay", None),
+        WEIGHT_DECAY,
     )
     _state_names = {
         ("asgd", "count"): "step",
@@ -157,18 +160,10 @@ class ASGD(TorchOptimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
-        )
+        return frame(group)
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(("asgd", scale_by_asgd(hp["lr"], hp["lambd"], hp["alpha"], hp["t0"])))
-        return optax.named_chain(*chain)
+        asgd = scale_by_asgd(hp["lr"], hp["lambd"], hp["alpha"], hp["t0"])
+        return torch_chain(cfg, hp, ("asgd", asgd), lr=False)

@@ -18,8 +18,9 @@ summed in float32; ``X`` transposed when ``A > B``), then
 float32 and rounded to bfloat16, the coefficients float32.
 
 optax pieces: ``optax.ema(momentum, debias=False)`` is the buffer (PyTorch's
-``momentum_buffer``), ``add_decayed_weights`` and ``scale_by_learning_rate``
-give ``-lr * (ratio * O + weight_decay * param)``. The Newton-Schulz step
+``momentum_buffer``); :func:`~jmodule.optim._transforms.torch_chain`'s
+decoupled weight decay (always on, as in PyTorch) and learning rate give
+``-lr * (ratio * O + weight_decay * param)``; Muon has no ``maximize``. The Newton-Schulz step
 is written here, not ``optax.contrib.orthogonalize_via_newton_schulz``:
 optax casts the coefficients to the input's dtype (bfloat16's 3.4375 for
 3.4445) and divides by ``||u|| + eps``, which moves the result by ~1e-2 from
@@ -39,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import ALWAYS_DECOUPLED, LR, WEIGHT_DECAY, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["Muon", "zeropower_via_newtonschulz"]
@@ -181,8 +183,8 @@ class Muon(TorchOptimizer):
     """
 
     _hyper = (
-        ("lr", "lr", None),
-        ("weight_decay", "weight_decay", None),
+        LR,
+        WEIGHT_DECAY,
         ("momentum", "momentum", None),
         ("1-momentum", "momentum", "1-"),  # PyTorch's Python float 1 - momentum
     )
@@ -235,6 +237,7 @@ class Muon(TorchOptimizer):
 
     def _structure(self, group: dict[str, Any]) -> tuple:
         return (
+            *ALWAYS_DECOUPLED,  # PyTorch's Muon decays even by 0
             ("nesterov", bool(group["nesterov"])),
             ("ns_coefficients", tuple(float(v) for v in group["ns_coefficients"])),
             ("eps", float(group["eps"])),
@@ -248,12 +251,8 @@ class Muon(TorchOptimizer):
         ortho = _orthogonalize(
             cfg["ns_coefficients"], cfg["ns_steps"], cfg["eps"], cfg["adjust_lr_fn"]
         )
-        return optax.named_chain(
-            ("momentum", _muon_momentum(hp["momentum"], hp["1-momentum"], cfg["nesterov"])),
-            ("orthogonalize", ortho),
-            ("weight_decay", optax.add_decayed_weights(hp["weight_decay"])),
-            ("lr", optax.scale_by_learning_rate(hp["lr"])),
-        )
+        buffer = _muon_momentum(hp["momentum"], hp["1-momentum"], cfg["nesterov"])
+        return torch_chain(cfg, hp, ("momentum", buffer), ("orthogonalize", ortho))
 
     def _classify(self, cfg: tuple, dtype: Any) -> tuple | None:
         return None  # each matrix is orthogonalised whole: never packed flat with others

@@ -18,14 +18,14 @@ its momentum coefficient is the constant ``beta1`` and its Nesterov term is
 with no ``mu_t`` schedule and no ``mu_product`` (its updates differ from
 PyTorch's from the first step, even with ``momentum_decay=0``, where
 PyTorch's ``mu_t`` is ``beta1 / 2``). So :func:`scale_by_nadam` is a small
-optax transformation with PyTorch's arithmetic (its moments are optax's
-``update_moment``). ``mu_product`` is float32, multiplied in float32, as
-PyTorch keeps it (its scalar dtype), also for float64 parameters.
+optax transformation with PyTorch's arithmetic (its moments are Adam's,
+:func:`~jmodule.optim._transforms.adam_moments`). ``mu_product`` is
+float32, multiplied in float32, as PyTorch keeps it (its scalar dtype), also
+for float64 parameters.
 
-Weight decay and the learning rate are optax's ``add_decayed_weights``
-(before the scaling for L2, after it for decoupled) and
-``scale_by_learning_rate``. ``betas[1]`` is a compile-time constant, as in
-Adam.
+Maximize, weight decay (before the scaling for L2, after it for decoupled)
+and the learning rate are :func:`~jmodule.optim._transforms.torch_chain`'s.
+``betas[1]`` is a compile-time constant, as in Adam.
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import (
+    LR,
+    WEIGHT_DECAY,
+    adam_moments,
+    frame,
+    moment_names,
+    torch_chain,
+    zero_moments,
+)
 from jmodule.optim.adam import _check
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
@@ -67,16 +76,12 @@ def scale_by_nadam(
     """
 
     def init(params: Any) -> ScaleByNAdamState:
-        return ScaleByNAdamState(
-            count=jnp.zeros([], jnp.int32),
-            mu_product=jnp.ones([], jnp.float32),
-            mu=optax.tree.zeros_like(params),
-            nu=optax.tree.zeros_like(params),
-        )
+        count, mu, nu = zero_moments(params)
+        return ScaleByNAdamState(count, jnp.ones([], jnp.float32), mu, nu)
 
     def update(updates: Any, state: ScaleByNAdamState, params: Any = None) -> tuple:
         del params
-        count = optax.safe_increment(state.count)
+        count, mu, nu = adam_moments(updates, state, b1, b2)
         t = count.astype(jnp.result_type(b1, momentum_decay, float))
         mu_t = b1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
         mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * momentum_decay))
@@ -84,8 +89,6 @@ def scale_by_nadam(
         product = mu_product.astype(t.dtype)
         grad_coef = (1 - mu_t) / (1 - product)
         avg_coef = mu_next / (1 - product * mu_next)
-        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
-        nu = optax.tree.update_moment(updates, state.nu, b2, 2)
         bc2 = 1 - b2**count
 
         def scale(g: Any, m: Any, v: Any) -> Any:
@@ -128,18 +131,13 @@ class NAdam(TorchOptimizer):
     """
 
     _hyper = (
-        ("lr", "lr", None),
+        LR,
         ("beta1", "betas", 0),
         ("eps", "eps", None),
-        ("weight_decay", "weight_decay", None),
+        WEIGHT_DECAY,
         ("momentum_decay", "momentum_decay", None),
     )
-    _state_names = {
-        ("nadam", "count"): "step",
-        ("nadam", "mu_product"): "mu_product",
-        ("nadam", "mu"): "exp_avg",
-        ("nadam", "nu"): "exp_avg_sq",
-    }
+    _state_names = {**moment_names("nadam"), ("nadam", "mu_product"): "mu_product"}
     _state_order = ("step", "mu_product", "exp_avg", "exp_avg_sq")
 
     def __init__(
@@ -175,24 +173,10 @@ class NAdam(TorchOptimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
-            ("decoupled", bool(group["decoupled_weight_decay"])),
-            ("beta2", float(group["betas"][1])),
-        )
+        return (*frame(group, decoupled=True), ("beta2", float(group["betas"][1])))
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"] and not cfg["decoupled"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
         nadam = scale_by_nadam(hp["beta1"], cfg["beta2"], hp["eps"], hp["momentum_decay"])
-        chain.append(("nadam", nadam))
-        if cfg["decay"] and cfg["decoupled"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+        return torch_chain(cfg, hp, ("nadam", nadam))

@@ -13,8 +13,8 @@ PyTorch, per parameter (``t`` the step, ``bc2 = 1 - beta2**t``)::
 ``optax.scale_by_radam`` has the same moments and rectification term, but
 its arithmetic differs from PyTorch's in three ways, so
 :func:`scale_by_radam` is a small optax transformation with PyTorch's (its
-moments are optax's ``update_moment``, its state optax's
-``ScaleByAdamState``):
+moments and state are Adam's, :func:`~jmodule.optim._transforms.adam_moments`,
+optax's ``ScaleByAdamState``):
 
 * optax adds ``eps`` to the square root of the *bias-corrected* second
   moment, ``m_hat / (sqrt(exp_avg_sq / bc2) + eps)``; PyTorch adds it to the
@@ -33,8 +33,9 @@ moments are optax's ``update_moment``, its state optax's
   Python); ``bc2 = -expm1(-x)``. ``beta2`` is a compile-time constant (as in
   Adam), so the constants are exact.
 
-Weight decay is ``add_decayed_weights`` before the scaling (L2) or after it,
-before the learning rate (decoupled, as in Adam).
+Maximize, weight decay (before the scaling for L2, after it, before the
+learning rate, for decoupled, as in Adam) and the learning rate are
+:func:`~jmodule.optim._transforms.torch_chain`'s.
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import (
+    LR,
+    WEIGHT_DECAY,
+    adam_moments,
+    frame,
+    moment_names,
+    torch_chain,
+    zero_moments,
+)
 from jmodule.optim.adam import _check
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
@@ -82,19 +92,10 @@ def scale_by_radam(
         direct = rho_inf - scale * x / jnp.expm1(jnp.maximum(x, 0.5))
         return jnp.where(x < 0.5, series, direct), -jnp.expm1(-x)
 
-    def init(params: Any) -> optax.ScaleByAdamState:
-        return optax.ScaleByAdamState(
-            count=jnp.zeros([], jnp.int32),
-            mu=optax.tree.zeros_like(params),
-            nu=optax.tree.zeros_like(params),
-        )
-
     def update(updates: Any, state: optax.ScaleByAdamState, params: Any = None) -> tuple:
         del params
-        count = optax.safe_increment(state.count)
-        t = count.astype(jnp.result_type(b1, eps, float))
-        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
-        nu = optax.tree.update_moment(updates, state.nu, b2, 2)
+        moments = adam_moments(updates, state, b1, b2)
+        t = moments.count.astype(jnp.result_type(b1, eps, float))
         rho, bc2 = rho_and_bc2(t)
         bc1 = 1 - b1**t
         rectify = rho > 5
@@ -106,9 +107,9 @@ def scale_by_radam(
             adaptive = (rect * jnp.sqrt(bc2)).astype(v.dtype) / (jnp.sqrt(v) + eps)
             return jnp.where(rectify, m_hat * adaptive, m_hat)
 
-        return jax.tree.map(one, mu, nu), optax.ScaleByAdamState(count, mu, nu)
+        return jax.tree.map(one, moments.mu, moments.nu), moments
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformation(zero_moments, update)
 
 
 class RAdam(TorchOptimizer):
@@ -137,17 +138,8 @@ class RAdam(TorchOptimizer):
     [-0.1, 0.2]
     """
 
-    _hyper = (
-        ("lr", "lr", None),
-        ("beta1", "betas", 0),
-        ("eps", "eps", None),
-        ("weight_decay", "weight_decay", None),
-    )
-    _state_names = {
-        ("radam", "count"): "step",
-        ("radam", "mu"): "exp_avg",
-        ("radam", "nu"): "exp_avg_sq",
-    }
+    _hyper = (LR, ("beta1", "betas", 0), ("eps", "eps", None), WEIGHT_DECAY)
+    _state_names = moment_names("radam")
     _state_order = ("step", "exp_avg", "exp_avg_sq")
 
     def __init__(
@@ -179,23 +171,9 @@ class RAdam(TorchOptimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
-            ("decoupled", bool(group["decoupled_weight_decay"])),
-            ("beta2", float(group["betas"][1])),
-        )
+        return (*frame(group, decoupled=True), ("beta2", float(group["betas"][1])))
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"] and not cfg["decoupled"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(("radam", scale_by_radam(hp["beta1"], cfg["beta2"], hp["eps"])))
-        if cfg["decay"] and cfg["decoupled"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+        return torch_chain(cfg, hp, ("radam", scale_by_radam(hp["beta1"], cfg["beta2"], hp["eps"])))

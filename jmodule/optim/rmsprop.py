@@ -11,47 +11,34 @@ PyTorch, per parameter::
 
 optax pieces: ``scale_by_rms`` / ``scale_by_stddev`` (centered) with
 ``eps_in_sqrt=False`` (optax's default puts ``eps`` inside the square root;
-PyTorch adds it outside) and no bias correction, then ``trace(momentum)``
-*before* ``scale_by_learning_rate``: ``optax.rmsprop`` applies the learning
-rate before the momentum trace, which equals PyTorch only while the learning
-rate is constant, and PyTorch's ``momentum_buffer`` holds the unscaled sum.
-The ``step`` PyTorch counts comes from :func:`count_steps`.
+PyTorch adds it outside) and no bias correction, then the momentum trace
+(:func:`~jmodule.optim._transforms.momentum`) *before* the learning rate:
+``optax.rmsprop`` applies the learning rate before the momentum trace, which
+equals PyTorch only while the learning rate is constant, and PyTorch's
+``momentum_buffer`` holds the unscaled sum. Around them,
+:func:`~jmodule.optim._transforms.torch_chain` (maximize, L2 weight decay,
+the learning rate); the ``step`` PyTorch counts comes from
+:func:`~jmodule.optim._transforms.count_steps`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import (
+    LR,
+    WEIGHT_DECAY,
+    Step,
+    count_steps,
+    frame,
+    momentum,
+    torch_chain,
+)
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["RMSprop", "count_steps"]
-
-
-def count_steps() -> optax.GradientTransformation:
-    """An optax transformation that passes updates through and counts its calls.
-
-    Its state is ``optax.ScaleByScheduleState(count)``: PyTorch's ``step`` for
-    an optimizer whose optax pieces keep no count of their own.
-
-    >>> import jax.numpy as jnp
-    >>> tx = count_steps()
-    >>> _, state = tx.update(jnp.ones(2), tx.init(jnp.ones(2)))
-    >>> state.count
-    Array(1, dtype=int32)
-    """
-
-    def init(params: Any) -> optax.ScaleByScheduleState:
-        del params
-        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-
-    def update(updates: Any, state: optax.ScaleByScheduleState, params: Any = None) -> tuple:
-        del params
-        return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
-
-    return optax.GradientTransformation(init, update)
 
 
 class RMSprop(TorchOptimizer):
@@ -81,10 +68,10 @@ class RMSprop(TorchOptimizer):
     """
 
     _hyper = (
-        ("lr", "lr", None),
+        LR,
         ("alpha", "alpha", None),
         ("eps", "eps", None),
-        ("weight_decay", "weight_decay", None),
+        WEIGHT_DECAY,
         ("momentum", "momentum", None),
     )
     _state_names = {
@@ -134,8 +121,7 @@ class RMSprop(TorchOptimizer):
 
     def _structure(self, group: dict[str, Any]) -> tuple:
         return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
+            *frame(group),
             ("centered", bool(group["centered"])),
             ("momentum", group["momentum"] > 0),
         )
@@ -143,14 +129,10 @@ class RMSprop(TorchOptimizer):
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = [("step", count_steps())]
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
         scale_by = optax.scale_by_stddev if cfg["centered"] else optax.scale_by_rms
-        chain.append(("rms", scale_by(decay=hp["alpha"], eps=hp["eps"], eps_in_sqrt=False)))
+        scaling: list[Step] = [
+            ("rms", scale_by(decay=hp["alpha"], eps=hp["eps"], eps_in_sqrt=False))
+        ]
         if cfg["momentum"]:
-            chain.append(("momentum", optax.trace(hp["momentum"])))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+            scaling.append(momentum(hp))
+        return torch_chain(cfg, hp, *scaling, first=[("step", count_steps())])

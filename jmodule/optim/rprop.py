@@ -21,7 +21,7 @@ arithmetic and state (``prev``, ``step_size``), giving the full update
 (``-sign(g) * step_size``: ``lr`` is only the first step size). ``etas``
 are ``(etaminus, etaplus)`` and ``step_sizes`` ``(min, max)``, as in
 PyTorch (optax's arguments are ``eta_minus, eta_plus, min_step_size,
-max_step_size``).
+max_step_size``). ``maximize`` is :func:`~jmodule.optim._transforms.torch_chain`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import LR, frame, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["Rprop", "ScaleByRpropState", "scale_by_rprop"]
@@ -118,7 +119,7 @@ class Rprop(TorchOptimizer):
     """
 
     _hyper = (
-        ("lr", "lr", None),
+        LR,
         ("etaminus", "etas", 0),
         ("etaplus", "etas", 1),
         ("step_size_min", "step_sizes", 0),
@@ -159,16 +160,12 @@ class Rprop(TorchOptimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        return (("maximize", bool(group["maximize"])),)
+        return frame(group, decay=False)
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
         rprop = scale_by_rprop(
             hp["lr"], hp["etaminus"], hp["etaplus"], hp["step_size_min"], hp["step_size_max"]
         )
-        chain.append(("rprop", rprop))
-        return optax.named_chain(*chain)
+        return torch_chain(cfg, hp, ("rprop", rprop), lr=False)

@@ -9,14 +9,15 @@ PyTorch, per parameter::
     g = g + momentum * buf if nesterov else buf
     param -= lr * g
 
-optax pieces: ``scale(-1)`` (maximize), ``add_decayed_weights`` (coupled
-weight decay), ``trace(momentum, nesterov)`` (the buffer; it starts at zero,
-so its first step is ``buf = g`` as in PyTorch), ``scale_by_learning_rate``.
-Dampening has no optax counterpart and PyTorch does not dampen the first
-step, so it is ``scale_by_schedule`` giving 1 on a parameter's first step and
-``1 - dampening`` after (its step count is kept but not saved: PyTorch's
-``state_dict`` has only ``momentum_buffer``, and loading one means the first
-step is past).
+Composed with :func:`~jmodule.optim._transforms.torch_chain` (maximize, L2
+weight decay, the learning rate) around
+:func:`~jmodule.optim._transforms.momentum` (``optax.trace(momentum,
+nesterov)``: the buffer starts at zero, so its first step is ``buf = g`` as
+in PyTorch). Dampening has no optax counterpart and PyTorch does not dampen
+the first step, so it is ``scale_by_schedule`` giving 1 on a parameter's
+first step and ``1 - dampening`` after (its step count is kept but not saved:
+PyTorch's ``state_dict`` has only ``momentum_buffer``, and loading one means
+the first step is past).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import LR, WEIGHT_DECAY, Step, frame, momentum, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["SGD"]
@@ -56,12 +58,7 @@ class SGD(TorchOptimizer):
     Array([0.9, 0.9], dtype=float32)
     """
 
-    _hyper = (
-        ("lr", "lr", None),
-        ("momentum", "momentum", None),
-        ("dampening", "dampening", None),
-        ("weight_decay", "weight_decay", None),
-    )
+    _hyper = (LR, ("momentum", "momentum", None), ("dampening", "dampening", None), WEIGHT_DECAY)
     _state_names = {("momentum", "trace"): "momentum_buffer"}
     _state_order = ("momentum_buffer",)
 
@@ -101,35 +98,25 @@ class SGD(TorchOptimizer):
         super().__init__(params, defaults)
 
     def _structure(self, group: dict[str, Any]) -> tuple:
-        momentum = group["momentum"] != 0
+        on = group["momentum"] != 0
         return (
-            ("maximize", bool(group["maximize"])),
-            ("decay", group["weight_decay"] != 0),
-            ("momentum", momentum),
-            ("dampening", momentum and group["dampening"] != 0),
-            ("nesterov", momentum and bool(group["nesterov"])),
+            *frame(group),
+            ("momentum", on),
+            ("dampening", on and group["dampening"] != 0),
+            ("nesterov", on and bool(group["nesterov"])),
         )
 
     def _transformation(
         self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        if cfg["decay"]:
-            chain.append(("weight_decay", optax.add_decayed_weights(hp["weight_decay"])))
+        scaling: list[Step] = []
         if cfg["dampening"]:
             undamped = 1 - hp["dampening"]
-            chain.append(
-                (
-                    "dampening",
-                    optax.scale_by_schedule(lambda count: jnp.where(count == 0, 1.0, undamped)),
-                )
-            )
+            damp = optax.scale_by_schedule(lambda count: jnp.where(count == 0, 1.0, undamped))
+            scaling.append(("dampening", damp))
         if cfg["momentum"]:
-            chain.append(("momentum", optax.trace(hp["momentum"], nesterov=cfg["nesterov"])))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+            scaling.append(momentum(hp, cfg["nesterov"]))
+        return torch_chain(cfg, hp, *scaling)
 
     def _derive_hidden(self, cfg: dict[str, Any], public: dict[str, Any], hidden: dict) -> None:
         if "dampening.count" in hidden:  # a saved buffer means its first step is past

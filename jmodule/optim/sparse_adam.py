@@ -19,7 +19,8 @@ The arithmetic is optax's ``scale_by_adam`` on every row, with the rows
 that are absent put back as they were (moments and parameter). PyTorch adds
 ``eps`` to ``sqrt(exp_avg_sq)`` before the bias correction ``sqrt(1 -
 beta2**step)`` applies, where optax adds it after: optax's ``eps`` is passed
-as ``eps / sqrt(1 - beta2**step)``, which is the same update.
+as ``eps / sqrt(1 - beta2**step)``, which is the same update. Around it,
+:func:`~jmodule.optim._transforms.torch_chain` (maximize, the learning rate).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jmodule.optim._transforms import LR, frame, moment_names, torch_chain
 from jmodule.optim.optimizer import ParamsT, TorchOptimizer
 
 __all__ = ["SparseAdam", "present_rows"]
@@ -101,16 +103,8 @@ class SparseAdam(TorchOptimizer):
     True
     """
 
-    _hyper = (
-        ("lr", "lr", None),
-        ("beta1", "betas", 0),
-        ("eps", "eps", None),
-    )
-    _state_names = {
-        ("adam", "count"): "step",
-        ("adam", "mu"): "exp_avg",
-        ("adam", "nu"): "exp_avg_sq",
-    }
+    _hyper = (LR, ("beta1", "betas", 0), ("eps", "eps", None))
+    _state_names = moment_names("adam")
     _state_order = ("step", "exp_avg", "exp_avg_sq")
 
     def __init__(
@@ -144,8 +138,9 @@ class SparseAdam(TorchOptimizer):
             )
 
     def _structure(self, group: dict[str, Any]) -> tuple:
+        # PyTorch's SparseAdam reads group.get("maximize", False): older groups lack it
         return (
-            ("maximize", bool(group.get("maximize", False))),
+            *frame({"maximize": False, **group}, decay=False),
             ("beta2", float(group["betas"][1])),
         )
 
@@ -155,12 +150,9 @@ class SparseAdam(TorchOptimizer):
         b2 = cfg["beta2"]
         step = 1 if state is None else state["step"] + 1
         eps = hp["eps"] / jnp.sqrt(1 - b2**step)  # PyTorch's eps, before the bias correction
-        chain = []
-        if cfg["maximize"]:
-            chain.append(("maximize", optax.scale(-1.0)))
-        chain.append(("adam", present_rows(optax.scale_by_adam(hp["beta1"], b2, eps))))
-        chain.append(("lr", optax.scale_by_learning_rate(hp["lr"])))
-        return optax.named_chain(*chain)
+        return torch_chain(
+            cfg, hp, ("adam", present_rows(optax.scale_by_adam(hp["beta1"], b2, eps)))
+        )
 
     def _classify(self, cfg: tuple, dtype: Any) -> tuple | None:
         return None  # rows are per parameter: never packed flat with others
