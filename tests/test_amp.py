@@ -23,11 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _torch import torch
-from amp_cases import CASES, Arrays
+from amp_cases import CASES, FUNCTION_CASES, Arrays
 from torch_ref import dtype_name
 
 import jmodule as jm
 import jmodule.nn.functional as JF
+from jmodule import _torch_functions
 from jmodule.amp import _autocast
 
 TF = torch.nn.functional
@@ -756,3 +757,248 @@ def test_jm_matrix_products_follow_torch_cpu_autocast(name, dtype, compiled):
     np.testing.assert_allclose(
         np.asarray(got, np.float32), want.float().numpy(), rtol=2e-2, atol=2e-2
     )
+
+
+# ----------------------------------------------------------------------------- jm.* functions
+
+# (case, input dtype) pairs torch refuses under CPU autocast (with either autocast dtype):
+# nothing to compare, and each must still be refused.
+FUNCTION_TORCH_REFUSES = {
+    ("norm:nuc", "bfloat16"): "linalg.matrix_norm: Low precision dtypes not supported",
+    ("norm:nuc", "float16"): "linalg.matrix_norm: Low precision dtypes not supported",
+    ("complex", "bfloat16"): "Expected both inputs to be Half, Float or Double tensors",
+    ("norm:dtype", "float64"): "the dtype of the input (Double) should be convertible",
+    ("quantile:tensor_q", "float64"): "q tensor must be same dtype as the input tensor",
+    ("polar:mixed", "float64"): "Expected object of scalar type Double",
+    ("index_copy:mixed", "float64"): "self and source expected to have the same dtype",
+    ("index_copy:mixed_self", "float64"): "self and source expected to have the same dtype",
+    ("cdist:mixed", "float64"): "expected scalar type Double but found Float",
+}
+# (case, input dtype) pairs where jmodule's dtype is not torch's with or without autocast,
+# for reasons autocast has no part in: autocast must leave both sides as they are.
+FUNCTION_DIFFERS_ANYWAY = {
+    ("bincount", "bfloat16"): "torch's half-precision weights give float64",
+    ("bincount", "float16"): "torch's half-precision weights give float64",
+    ("complex", "float16"): "torch's complex32 has no JAX counterpart",
+}
+# (autocast dtype, input dtype): CPU autocast to bfloat16 and to float16 (both supported),
+# on float32 inputs, on inputs already in the autocast dtype, and on float64 ones.
+AUTOCAST_INPUTS = [
+    ("bfloat16", "float32"),
+    ("bfloat16", "bfloat16"),
+    ("bfloat16", "float64"),
+    ("float16", "float32"),
+    ("float16", "float16"),
+]
+
+
+class _Recording(Arrays):
+    """jmodule's arrays for a case, each recorded (to be given to a compiled call)."""
+
+    def __init__(self, dtype, seen):
+        super().__init__(False, dtype, jm.nn)
+        self.seen = seen
+
+    def _wrap(self, a, dtype):
+        self.seen.append(super()._wrap(a, dtype))
+        return self.seen[-1]
+
+    def i(self, high, *shape):
+        self.seen.append(super().i(high, *shape))
+        return self.seen[-1]
+
+    def const(self, value, dtype="int64"):
+        self.seen.append(super().const(value, dtype))
+        return self.seen[-1]
+
+
+class _Replay(Arrays):
+    """The recorded arrays again, in order: inside ``jm.compile``, the traced arguments."""
+
+    def __init__(self, dtype, xs):
+        super().__init__(False, dtype, jm.nn)
+        self.xs = iter(xs)
+
+    def _wrap(self, a, dtype):
+        return next(self.xs)
+
+    def i(self, high, *shape):
+        return next(self.xs)
+
+    def const(self, value, dtype="int64"):
+        return next(self.xs)
+
+
+def _leaves(out):
+    if isinstance(out, (tuple, list)):
+        return [y for x in out for y in _leaves(x)]
+    return [out]
+
+
+def _numpy(x):
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).numpy()
+    if isinstance(x, jax.Array) and x.dtype in (jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
+    return np.asarray(x)
+
+
+def _fn_dtypes(out):
+    """The output dtypes (``bool`` for a Python bool: ``allclose``, ``equal``)."""
+    return ["bool"] if isinstance(out, bool) else _dtypes(out)
+
+
+def _outcome(fn):
+    """``fn()``'s output dtypes, or its exception's type."""
+    try:
+        return _fn_dtypes(fn())
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+        return type(e)
+
+
+def _function_params():
+    """Every case eagerly with each (autocast dtype, input dtype); inside ``jm.compile``
+    with bfloat16 autocast on float32 and bfloat16 inputs (eager-only functions aside)."""
+    for case in FUNCTION_CASES:
+        for low, dtype in AUTOCAST_INPUTS:
+            compiled = case.compiled and low == "bfloat16" and dtype != "float64"
+            for mode in ("eager", "compiled") if compiled else ("eager",):
+                yield pytest.param(case, low, dtype, mode, id=f"{case.id}-{low}-{dtype}-{mode}")
+
+
+@pytest.mark.torch
+def test_function_cases_cover_every_jm_torch_function():
+    """Every ``jm.*`` torch function that computes arrays has a case; the rest return
+    Python objects (facts, dtypes, generator states) that autocast has no part in."""
+    no_arrays = {
+        "can_cast", "finfo", "iinfo", "is_complex", "is_floating_point", "is_nonzero",
+        "is_tensor", "numel", "promote_types", "result_type", "get_rng_state", "set_rng_state",
+    }  # fmt: skip
+    names = set(_torch_functions.__all__) | set(_torch_functions.BUILTIN_NAMED)
+    assert {c.name for c in FUNCTION_CASES} == names - no_arrays
+    assert all(hasattr(torch, name) for name in names)
+    assert len({c.id for c in FUNCTION_CASES}) == len(FUNCTION_CASES)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("case", "low", "dtype", "mode"), list(_function_params()))
+def test_jm_functions_follow_torch_cpu_autocast(case, low, dtype, mode):
+    """``jm.<f>`` under ``jm.autocast("cpu", dtype=low)`` gives ``torch.<f>``'s dtypes
+    under ``torch.autocast`` (and values to the half type's rounding), eager and compiled.
+
+    Torch decides each dtype, live: its CPU lists (fp32: prod, trace, quantile, cdist,
+    polar, view_as_complex; promote: cat, stack, index_copy) and the listed ops its
+    composites run (mm in tensordot and inner, bmm in einsum, matmul's family)."""
+    t_low = getattr(torch, low)
+
+    def torch_call():
+        return case.call(torch, Arrays(True, dtype, torch.nn))
+
+    refused = FUNCTION_TORCH_REFUSES.get((case.id, dtype))
+    if refused is not None:
+        with (
+            torch.autocast("cpu", dtype=t_low),
+            pytest.raises(RuntimeError, match=re.escape(refused)),
+        ):
+            torch_call()
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast("cpu", dtype=t_low):
+            want = torch_call()
+        torch_outside = _outcome(torch_call)
+    region = jm.autocast("cpu", dtype=getattr(jnp, low))
+    with jax.enable_x64(dtype == "float64" or case.x64), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if mode == "eager":
+            run = lambda: case.call(jm, Arrays(False, dtype, jm.nn))
+            before = _outcome(run)  # first outside: no eager cache may serve the region
+        else:  # the case's arrays become the compiled function's (traced) arguments
+            seen = []
+            with region:
+                _outcome(lambda: case.call(jm, _Recording(dtype, seen)))
+            compiled = jm.compile(lambda *xs: case.call(jm, _Replay(dtype, xs)))
+            run = lambda: compiled(*seen)
+        with region:
+            got = _outcome(run)
+            out = None if isinstance(got, type) else run()
+        # Nothing of the region leaks out of it (compiled programs: the region is part of
+        # their key, test_compiled_function_traced_outside_autocast_retraces_inside).
+        if mode == "eager":
+            assert _outcome(run) == before
+    if (case.id, dtype) in FUNCTION_DIFFERS_ANYWAY:  # autocast changes neither side
+        assert mode == "eager" and _fn_dtypes(want) == torch_outside and got == before
+        return
+    assert got == _fn_dtypes(want)
+    if not case.values:
+        return
+    values = _leaves(out)
+    half = any(d in ("bfloat16", "float16") for d in [dtype, *got])
+    tol = 2e-2 if half else 1e-5
+    for g, w in zip(values, _leaves(want), strict=True):
+        if isinstance(w, torch.Tensor):
+            assert tuple(g.shape) == tuple(w.shape)
+            np.testing.assert_allclose(_numpy(g), _numpy(w), rtol=tol, atol=tol, equal_nan=True)
+        else:
+            assert g == w
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("order", ["half_first", "float32_first"])
+@pytest.mark.parametrize("name", ["cat", "stack", "hstack", "vstack", "index_copy"])
+def test_promote_list_refuses_mixed_half_types_as_torch(name, order):
+    """CPU's promote list (cat, stack, index_copy; hstack and vstack run cat) widens from
+    the autocast dtype operand by operand: float16 met before any float32 under bfloat16
+    autocast is torch's RuntimeError; after a float32 one, everything is float32."""
+
+    def call(m, xs):
+        if name == "index_copy":  # self and source: the first two
+            return m.index_copy(xs[0], 0, xs[-1], xs[1])
+        return getattr(m, name)(xs[:-1])
+
+    dtypes = ["bfloat16", "float16", "float32"]
+    if order == "float32_first":
+        dtypes = ["float32", "float16", "bfloat16"]
+    t = [torch.ones(2, 3, dtype=getattr(torch, d)) for d in dtypes] + [torch.tensor([1, 0])]
+    j = [jnp.ones((2, 3), d) for d in dtypes] + [jnp.array([1, 0])]
+    with torch.autocast("cpu"):
+        want = _outcome(lambda: call(torch, t))
+        message = None
+        if want is RuntimeError:
+            with pytest.raises(RuntimeError) as info:
+                call(torch, t)
+            message = str(info.value)
+    with jm.autocast("cpu"):
+        got = _outcome(lambda: call(jm, j))
+        if message is not None:
+            with pytest.raises(RuntimeError, match=re.escape(message)):
+                call(jm, j)
+    assert got == want
+    assert (want is RuntimeError) == (order == "half_first")
+
+
+def test_composite_functions_follow_cuda_lists(monkeypatch):
+    """On CUDA the composites' own policies apply, not those of the ops they run (read
+    from torch's header): einsum is lowered whole, tensordot and inner promote, prod runs
+    in float32 unless a dtype is asked for (fp32_set_opt_dtype), cdist in float32."""
+    monkeypatch.setattr(_autocast, "_platform", lambda: "cuda")
+    monkeypatch.setattr(_autocast, "_cuda_available", lambda: True)
+    x16, x32 = jnp.ones((2, 3), jnp.float16), jnp.ones((2, 3), jnp.float32)
+    with jm.autocast("cuda"):
+        assert jm.einsum("ij,ij->ij", x32, x32).dtype == jnp.float16  # CPU: a mul, float32
+        assert jm.tensordot(x32, x32.T, dims=1).dtype == jnp.float32  # CPU: mm, float16
+        assert jm.tensordot(x16, x32.T, dims=1).dtype == jnp.float32
+        assert jm.inner(x16, x16).dtype == jnp.float16
+        assert jm.prod(x16).dtype == jnp.float32
+        assert jm.prod(x16, dtype=jnp.float16).dtype == jnp.float16
+        assert jm.cdist(x16, x16).dtype == jnp.float32
+        assert jm.trace(x16[:, :2]).dtype == jnp.float16  # CPU's fp32 list only
+    table = _autocast.CUDA
+    assert (table["einsum"], table["tensordot"], table["prod"], table["cdist"]) == (
+        "lower",
+        "promote",
+        "fp32_set_opt_dtype",
+        "fp32",
+    )
+    assert "trace" not in table

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import functools
+import math
+import string
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import opt_einsum
 
+from jmodule._lowering import state as _state
 from jmodule._torch_functions._common import arr, float_input, norm_dim
 from jmodule._torch_functions.reduction import vector_norm
 from jmodule.amp import _autocast as _amp
@@ -159,8 +163,13 @@ def vdot(input: Any, other: Any, *, out: Any = None) -> jax.Array:
 
 
 def inner(input: Any, other: Any, *, out: Any = None) -> jax.Array:
-    """Sums of products over the last dims."""
-    return jnp.inner(arr(input), arr(other))
+    """Sums of products over the last dims. Under ``jm.autocast`` as PyTorch's: on CPU in
+    the lower dtype when both have dims (it runs ``tensordot``, hence ``mm``), except
+    when the result is one number (``dot``)."""
+    a, b = arr(input), arr(other)
+    if _state.local.autocast is not None and a.ndim and b.ndim:
+        a, b = _tensordot_cast(a, b, (a.ndim - 1,), (b.ndim - 1,))
+    return jnp.inner(a, b)
 
 
 def outer(input: Any, vec2: Any, *, out: Any = None) -> jax.Array:
@@ -179,21 +188,135 @@ def kron(input: Any, other: Any, *, out: Any = None) -> jax.Array:
     return jnp.kron(arr(input), arr(other))
 
 
+def _tensordot_cast(a: jax.Array, b: jax.Array, axes_a: Any, axes_b: Any) -> tuple:
+    """``a`` and ``b`` cast as PyTorch's autocast casts ``tensordot``: by its own policy
+    (CUDA: promote), else by the op it runs on the operands reshaped to matrices,
+    ``dot`` when neither has a free element left over (one number), else ``mm``."""
+    free_a = math.prod(n for i, n in enumerate(a.shape) if i not in axes_a)
+    free_b = math.prod(n for i, n in enumerate(b.shape) if i not in axes_b)
+    return _amp.cast_first(("tensordot", "dot" if free_a == free_b == 1 else "mm"), a, b)
+
+
 def tensordot(a: Any, b: Any, dims: Any = 2, out: Any = None) -> jax.Array:
-    """Sum of products over ``dims`` (a count of trailing/leading dims, or two lists)."""
+    """Sum of products over ``dims`` (a count of trailing/leading dims, or two lists).
+
+    Under ``jm.autocast`` as PyTorch's: on CPU in the lower dtype (it runs ``mm``),
+    except when the result is one number (``dot``)."""
     if isinstance(dims, (list, tuple)):
         dims = tuple(tuple(d) if isinstance(d, (list, tuple)) else (d,) for d in dims)
-    return jnp.tensordot(arr(a), arr(b), dims)
+    x, y = arr(a), arr(b)
+    if _state.local.autocast is not None:
+        if isinstance(dims, tuple):
+            axes_a = {int(d) % max(x.ndim, 1) for d in dims[0]}
+            axes_b = {int(d) % max(y.ndim, 1) for d in dims[1]}
+        else:
+            axes_a, axes_b = set(range(x.ndim - int(dims), x.ndim)), set(range(int(dims)))
+        x, y = _tensordot_cast(x, y, axes_a, axes_b)
+    return jnp.tensordot(x, y, dims)
 
 
 def einsum(equation: str, *operands: Any) -> jax.Array:
-    """Einstein summation, as ``torch.einsum`` (operands as arguments or one list)."""
+    """Einstein summation, as ``torch.einsum`` (operands as arguments or one list).
+
+    Under ``jm.autocast`` it follows PyTorch's: where einsum itself is listed (CUDA)
+    its operands are cast; elsewhere (CPU) each pairwise contraction PyTorch runs as a
+    ``bmm`` (one that sums over an index the pair shares) runs in the lower dtype,
+    and the ones it runs as a ``mul`` in their inputs' dtypes, in PyTorch's order
+    (``opt_einsum``'s path for three or more operands, as ``torch.einsum``'s).
+    """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    ops = [arr(o) for o in operands]
     try:
-        return jnp.einsum(equation, *[arr(o) for o in operands])
+        if _state.local.autocast is not None:
+            if _amp.policy("einsum") is not None:
+                ops = list(_amp.cast("einsum", *ops))
+            elif len(ops) > 1:
+                if _amp.lower_dtype("bmm") is not None:
+                    return _einsum_pairwise(equation, ops)
+        return jnp.einsum(equation, *ops)
     except ValueError as e:  # PyTorch raises RuntimeError for a bad equation or shapes
         raise RuntimeError(f"einsum(): {e}") from e
+
+
+def _einsum_terms(equation: str, ops: list) -> tuple[list[list[Any]], list[Any]]:
+    """Each operand's indices and the output's, an ellipsis spelled out as ``("...", k)``
+    (``k`` counting from the right, as ellipsis dims broadcast)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+
+    def spell(term: str, ndim: int) -> list[Any]:
+        head, dots, tail = term.partition("...")
+        if not dots:
+            return list(term)
+        n = ndim - len(head) - len(tail)
+        return [*head, *(("...", k) for k in range(n, 0, -1)), *tail]
+
+    terms = [spell(t, o.ndim) for t, o in zip(lhs.split(","), ops)]
+    n_dots = max((sum(isinstance(i, tuple) for i in t) for t in terms), default=0)
+    dots = [("...", k) for k in range(n_dots, 0, -1)]
+    if arrow:
+        head, has_dots, tail = rhs.partition("...")
+        out = [*head, *dots, *tail] if has_dots else list(rhs)
+    else:
+        letters = [i for t in terms for i in t if isinstance(i, str)]
+        out = [*dots, *sorted(i for i in set(letters) if letters.count(i) == 1)]
+    return terms, out
+
+
+def _einsum_pairwise(equation: str, ops: list) -> jax.Array:
+    """``einsum`` under CPU autocast, contracting pairwise as ``torch.einsum`` does."""
+    want = jax.eval_shape(lambda *o: jnp.einsum(equation, *o), *ops)  # checks, as jnp does
+    terms, out = _einsum_terms(equation, ops)
+    indices = {i: None for t in [*terms, out] for i in t}
+    if len(indices) > len(string.ascii_letters):
+        return jnp.einsum(equation, *_amp.cast("bmm", *ops))
+    letter = dict(zip(indices, string.ascii_letters))
+
+    def contract(src: list[list[Any]], dst: list[Any], *xs: jax.Array) -> jax.Array:
+        spec = ",".join("".join(letter[i] for i in t) for t in src)
+        return jnp.einsum(spec + "->" + "".join(letter[i] for i in dst), *xs)
+
+    work = []
+    for x, t in zip(ops, terms):
+        if len(set(t)) < len(t):  # an index twice in one operand: its diagonal first
+            x, t = contract([t], list(dict.fromkeys(t)), x), list(dict.fromkeys(t))
+        # Size-1 dims only broadcast (PyTorch never contracts over them): dropped.
+        keep = [i for i, n in zip(t, x.shape) if n != 1]
+        if len(keep) < len(t):
+            x = x.reshape([n for n in x.shape if n != 1])
+        work.append((x, keep))
+    path: list[Any] = [(0, 1)] * (len(ops) - 1)
+    if len(ops) > 2:
+        shapes = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in ops]
+        path = opt_einsum.contract_path(equation, *shapes)[0]
+    for step in path:
+        i, j = sorted(step)
+        (a, ta), (b, tb) = work[i], work[j]
+        del work[j], work[i]
+        later = set(out).union(*(t for _, t in work))
+        # Indices no other operand has and the result does not keep: summed first.
+        ta_kept = [k for k in ta if k in tb or k in later]
+        tb_kept = [k for k in tb if k in ta or k in later]
+        if ta_kept != ta:
+            a, ta = contract([ta], ta_kept, a), ta_kept
+        if tb_kept != tb:
+            b, tb = contract([tb], tb_kept, b), tb_kept
+        summed = [k for k in ta if k in tb and k not in later]
+        if summed:  # PyTorch runs this product as a bmm: autocast lowers it
+            a, b = _amp.cast("bmm", a, b)
+        elif a.dtype != b.dtype and all(jnp.issubdtype(x.dtype, jnp.floating) for x in (a, b)):
+            # A mul, in the wider type (a bmm's result before it kept rounded).
+            wide = jnp.promote_types(a.dtype, b.dtype)
+            a, b = _amp.to(a, wide), _amp.to(b, wide)
+        result = [k for k in ta if k not in summed] + [k for k in tb if k not in ta]
+        work.append((contract([ta, tb], result, a, b), result))
+    x, t = work[0]
+    present = [i for i in out if i in t]
+    if present != t:
+        x = contract([t], present, x)
+    x = x.reshape([n if i in t else 1 for i, n in zip(out, want.shape)])
+    return jnp.broadcast_to(x, want.shape)
 
 
 def cross(input: Any, other: Any, dim: int | None = None, *, out: Any = None) -> jax.Array:
@@ -231,8 +354,10 @@ def cdist(x1: Any, x2: Any, p: float = 2.0, compute_mode: str | None = None) -> 
 
     ``compute_mode`` is accepted; distances are computed from differences
     (PyTorch's matrix-product shortcut for large inputs agrees to rounding).
+    Under ``jm.autocast`` on CPU it computes in float32, as PyTorch's.
     """
-    a, b = float_input(arr(x1)), float_input(arr(x2))
+    a, b = _amp.cast("cdist", arr(x1), arr(x2))
+    a, b = float_input(a), float_input(b)
     if a.ndim < 2 or b.ndim < 2:
         raise RuntimeError(f"cdist only supports at least 2D tensors, X1 got: {a.ndim}D")
     if a.shape[-1] != b.shape[-1]:

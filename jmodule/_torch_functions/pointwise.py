@@ -19,6 +19,7 @@ import jax.scipy.special as jsp
 import numpy as np
 
 from jmodule._torch_functions._common import arr, default_float, float_input, out_dtype
+from jmodule.amp import _autocast as _amp
 
 __all__ = [
     "absolute",
@@ -420,8 +421,9 @@ def isin(
 
 
 def polar(abs: Any, angle: Any, *, out: Any = None) -> jax.Array:
-    """The complex numbers ``abs * (cos(angle) + i sin(angle))``."""
-    r, t = arr(abs), arr(angle)
+    """The complex numbers ``abs * (cos(angle) + i sin(angle))``; under ``jm.autocast``
+    on CPU from float32 parts, as PyTorch's."""
+    r, t = _amp.cast("polar", arr(abs), arr(angle))
     return jax.lax.complex(r * jnp.cos(t), r * jnp.sin(t))
 
 

@@ -29,6 +29,7 @@ from jmodule._torch_functions._common import (
     out_dtype,
     return_type,
 )
+from jmodule.amp import _autocast as _amp
 
 __all__ = [
     "amax",
@@ -156,8 +157,10 @@ def nanmean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = 
 def prod(
     input: Any, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None
 ) -> jax.Array:
-    """The product over ``dim`` (one dim, or all); integers give int64 (int32 without x64)."""
+    """The product over ``dim`` (one dim, or all); integers give int64 (int32 without x64).
+    Under ``jm.autocast`` on CPU it computes in float32, as PyTorch's."""
     x = arr(input)
+    (x,) = _amp.cast("prod", x) if dtype is None else _amp.cast_given_dtype("prod", x)
     axis = None if dim is None else norm_dim(dim, x.ndim)
     return jnp.prod(x, axis, dtype=_int_sum_dtype(x, dtype), keepdims=keepdim)
 
@@ -430,8 +433,10 @@ def quantile(
     *,
     interpolation: str = "linear",
 ) -> jax.Array:
-    """The ``q``-th quantiles along ``dim`` (all elements when None)."""
-    x = float_input(arr(input))
+    """The ``q``-th quantiles along ``dim`` (all elements when None); under
+    ``jm.autocast`` on CPU in float32, as PyTorch's."""
+    x, q = _amp.cast("quantile", arr(input), q if isinstance(q, (int, float)) else arr(q))
+    x = float_input(x)
     axis = None if dim is None else norm_dim(dim, x.ndim)
     return jnp.quantile(
         x, arr(q).astype(x.dtype), axis=axis, keepdims=keepdim, method=interpolation
@@ -584,8 +589,9 @@ def dist(input: Any, other: Any, p: float = 2) -> jax.Array:
 
 
 def trace(input: Any) -> jax.Array:
-    """The sum of a matrix's diagonal (integers give int64, int32 without x64)."""
-    x = arr(input)
+    """The sum of a matrix's diagonal (integers give int64, int32 without x64); under
+    ``jm.autocast`` on CPU in float32, as PyTorch's."""
+    (x,) = _amp.cast("trace", arr(input))
     if x.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.ndim}")
     return jnp.trace(x, dtype=_int_sum_dtype(x, None))

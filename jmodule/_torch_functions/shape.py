@@ -21,6 +21,7 @@ import numpy as np
 
 from jmodule._convert import torch_scalar_name
 from jmodule._torch_functions._common import arr, as_int, canon_dims, long_dtype, norm_dim
+from jmodule.amp import _autocast as _amp
 
 __all__ = [
     "argwhere",
@@ -100,7 +101,9 @@ def _eager(name: str, instead: str, *xs: jax.Array) -> None:
         raise TypeError(_EAGER_ONLY.format(name=name, instead=instead))
 
 
-def _seq(tensors: Any, name: str) -> list[jax.Array]:
+def _seq(tensors: Any, name: str, op: str = "cat") -> tuple[jax.Array, ...]:
+    """The arrays of ``tensors``, cast as autocast casts aten ``op`` (``cat``/``stack``, on
+    CPU's promote list; ``hstack`` and the others run ``cat``)."""
     if isinstance(tensors, jax.Array) or hasattr(tensors, "__jax_array__"):
         raise TypeError(
             f"{name}(): argument 'tensors' must be a tuple or list of arrays, not an array"
@@ -110,7 +113,7 @@ def _seq(tensors: Any, name: str) -> list[jax.Array]:
         # PyTorch raises ValueError for cat and RuntimeError for the others.
         error = ValueError if name == "cat" else RuntimeError
         raise error(f"{name}(): expected a non-empty list of Tensors")
-    return xs
+    return _amp.cast(op, *xs)
 
 
 def cat(tensors: Sequence[Any], dim: int = 0, *, out: Any = None) -> jax.Array:
@@ -156,7 +159,7 @@ def concatenate(
 
 def stack(tensors: Sequence[Any], dim: int = 0, *, out: Any = None) -> jax.Array:
     """Join same-shape arrays along a new dim ``dim``."""
-    xs = _seq(tensors, "stack")
+    xs = _seq(tensors, "stack", "stack")
     for i, x in enumerate(xs):
         if x.shape != xs[0].shape:
             raise RuntimeError(
@@ -761,11 +764,12 @@ def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) 
 
 
 def index_copy(input: Any, dim: int, index: Any, source: Any) -> jax.Array:
-    """A copy of ``input`` with the rows ``index`` along ``dim`` replaced by ``source``."""
-    x = arr(input)
+    """A copy of ``input`` with the rows ``index`` along ``dim`` replaced by ``source``
+    (under ``jm.autocast`` on CPU both in the wider floating dtype, as PyTorch's)."""
+    x, src = _amp.cast("index_copy", arr(input), arr(source))
     d = norm_dim(dim, x.ndim)
     i = _index_arg(index, "index_copy")
-    return x.at[_index_where(x, d, i)].set(arr(source).astype(x.dtype))
+    return x.at[_index_where(x, d, i)].set(src.astype(x.dtype))
 
 
 def index_fill(input: Any, dim: int, index: Any, value: Any) -> jax.Array:
@@ -847,8 +851,9 @@ def view_as_real(input: Any) -> jax.Array:
 
 
 def view_as_complex(input: Any) -> jax.Array:
-    """Real ``(..., 2)`` pairs as a complex array (float32 pairs give complex64)."""
-    x = arr(input)
+    """Real ``(..., 2)`` pairs as a complex array (float32 pairs give complex64; under
+    ``jm.autocast`` on CPU half-precision pairs too, as PyTorch's)."""
+    (x,) = _amp.cast("view_as_complex", arr(input))
     if x.ndim == 0 or x.shape[-1] != 2:
         raise RuntimeError("Tensor must have a last dimension of size 2")
     if x.dtype not in (jnp.float32, jnp.float64):

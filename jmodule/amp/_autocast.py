@@ -15,8 +15,14 @@ type the computation runs on (JAX's default backend: ``"cpu"``, or
   operand is floating and no ``dtype`` was asked for (CUDA's softmax,
   log_softmax, sum, prod, cumsum, norms);
 * ``promote``: every floating operand that is not float64 to the widest
-  floating type among them (float32 when any is float32);
+  floating type among them (float32 when any is float32; a half type other
+  than the autocast dtype before any float32 one is PyTorch's RuntimeError);
 * ops on neither list run in the dtype of their inputs.
+
+A function PyTorch runs as a composite of listed ops follows the ops it runs
+(:func:`cast_first`): on CPU ``jm.tensordot`` and ``jm.inner`` lower the
+``mm`` they run, and ``jm.einsum`` each pairwise contraction it runs as a
+``bmm`` (``jmodule/_torch_functions/linalg.py``).
 
 The tables are PyTorch 2.13's: ``CUDA`` is ``AT_FORALL_LOWER_PRECISION_FP``,
 ``AT_FORALL_FP32``, ``AT_FORALL_FP32_SET_OPT_DTYPE``,
@@ -47,9 +53,13 @@ __all__ = [
     "CUDA",
     "autocast",
     "cast",
+    "cast_first",
+    "cast_given_dtype",
     "get_autocast_dtype",
     "is_autocast_available",
     "is_autocast_enabled",
+    "lower_dtype",
+    "to",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -270,7 +280,8 @@ def _floating(x: Any) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
 
 
-def _to(x: Any, dtype: Any) -> Any:
+def to(x: Any, dtype: Any) -> Any:
+    """``x`` as ``dtype``, a traced half-precision value widened with its rounding kept."""
     if x.dtype == dtype:
         return x
     out = jnp.asarray(x).astype(dtype)
@@ -299,18 +310,67 @@ def cast(op: str, *args: Any) -> tuple[Any, ...]:
         return args
     low = jnp.dtype(name)
     if policy == LOWER:
-        return tuple(_to(a, low) if _floating(a) and a.dtype != jnp.float64 else a for a in args)
+        return tuple(to(a, low) if _floating(a) and a.dtype != jnp.float64 else a for a in args)
     if policy == FP32:
         f32 = jnp.dtype(jnp.float32)
-        return tuple(_to(a, f32) if _floating(a) and a.dtype != jnp.float64 else a for a in args)
+        return tuple(to(a, f32) if _floating(a) and a.dtype != jnp.float64 else a for a in args)
     if policy == FP32_SET_OPT_DTYPE:
         if not args or not _floating(args[0]):
             return args
-        return (_to(args[0], jnp.dtype(jnp.float32)), *args[1:])
-    # PROMOTE: the widest floating type among the operands that are not float64.
-    eligible = [a for a in args if _floating(a) and a.dtype != jnp.float64]
-    wide = jnp.dtype(jnp.float32) if any(a.dtype == jnp.float32 for a in eligible) else low
-    return tuple(_to(a, wide) if _floating(a) and a.dtype != jnp.float64 else a for a in args)
+        return (to(args[0], jnp.dtype(jnp.float32)), *args[1:])
+    # PROMOTE: the widest floating type among the operands that are not float64, found
+    # as PyTorch's ``prioritize`` does (from the autocast dtype, operand by operand).
+    wide = low
+    for a in args:
+        if not _floating(a) or a.dtype == jnp.float64:
+            continue
+        if wide == jnp.float32 or a.dtype == jnp.float32:
+            wide = jnp.dtype(jnp.float32)
+        elif a.dtype != low:
+            raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
+    return tuple(to(a, wide) if _floating(a) and a.dtype != jnp.float64 else a for a in args)
+
+
+def cast_first(ops: tuple[str, ...], *args: Any) -> tuple[Any, ...]:
+    """``args`` cast by the policy of the first of ``ops`` that has one (as given without).
+
+    For a function PyTorch runs as a composite: its own op first (autocast casts at
+    the outermost listed op; the ops it calls then run in the dtypes it gave them),
+    then the op its decomposition calls (``("tensordot", "mm")``: CUDA promotes
+    tensordot, CPU has no policy for it but lowers the ``mm`` it runs).
+    """
+    regions = _state.local.autocast
+    if regions is None:
+        return args
+    table = _POLICIES[_platform()]
+    for op in ops:
+        if op in table:
+            return cast(op, *args)
+    return args
+
+
+def cast_given_dtype(op: str, *args: Any) -> tuple[Any, ...]:
+    """``args`` of a reduction called with ``dtype=``, cast for aten op ``op``.
+
+    ``fp32_set_opt_dtype`` ops (CUDA's sum, prod, cumsum, ...) run in the dtype asked
+    for, as given; other policies (CPU's fp32 ``prod``) cast as :func:`cast` does.
+    """
+    if _state.local.autocast is None or policy(op) == FP32_SET_OPT_DTYPE:
+        return args
+    return cast(op, *args)
+
+
+def lower_dtype(op: str) -> Any:
+    """The dtype this thread's autocast region runs aten op ``op`` in when ``op`` is on
+    the lower-precision list for the platform; None otherwise (and outside a region)."""
+    regions = _state.local.autocast
+    if regions is None:
+        return None
+    device = _platform()
+    name = dict(regions).get(device)
+    if name is None or _POLICIES[device].get(op) != LOWER:
+        return None
+    return jnp.dtype(name)
 
 
 def policy(op: str, device_type: str | None = None) -> str | None:
