@@ -46,7 +46,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import harness
-from test_resnet import resnet18  # the tests' ResNet-18, here at torchvision's widths
+from shared_models import resnet18  # the tests' ResNet-18, here at torchvision's widths
 
 import jmodule as jm
 from jmodule.nn import functional as F

@@ -8,7 +8,7 @@ The step is a PyTorch tutorial's, run eagerly (SGD with momentum 0.9)::
 
 Models: an MLP 784-128-10 (batch 32); a CNN (conv 1->8, max-pool, conv 8->16,
 max-pool, linear; batch 32 at 1x28x28); the MLP with BatchNorm1d + Dropout in
-train mode; the tests' ResNet-18 (``tests/test_resnet.py``, batch 4 at 64x64).
+train mode; the tests' ResNet-18 (``tests/shared_models.py``, batch 4 at 64x64).
 Figures (issue 25): eager step <= 1.5x PyTorch eager and eager forward <= 1.2x
 (forward in train mode; PyTorch's under ``torch.no_grad()``), both regimes.
 
@@ -84,7 +84,7 @@ def build(lib: Any, which: str) -> tuple[Any, tuple[int, ...]]:
             lib.Linear(16 * 7 * 7, 10),
         ), (BATCH, 1, 28, 28)
     if which == "resnet18":
-        from test_resnet import resnet18
+        from shared_models import resnet18
 
         return resnet18(lib), (4, 3, 64, 64)
     raise ValueError(which)

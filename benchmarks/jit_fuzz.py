@@ -31,7 +31,7 @@ otherwise.
 program (no jm.jit checksums), to show what the checksums protect against.
 Before jm.jit verified programs in a child process, 200 rewritten programs
 (seed 0) gave a load that hung (over 60 s, in StableHLO deserialization) and a
-raw ``RuntimeError`` at a first call; ``tests/test_jit_hostile_programs.py``
+raw ``RuntimeError`` at a first call; ``tests/jit/test_jit_hostile_programs.py``
 runs 200 of them.
 
 Run: ``python benchmarks/jit_fuzz.py [--flips 500] [--truncations 200] [--programs 0] [--raw]``;

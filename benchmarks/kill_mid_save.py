@@ -1,7 +1,8 @@
 """Kill-mid-save at scale: 200 trials of a process saving a ~100 MB state, SIGKILLed at random.
 
-The same harness as ``tests/test_checkpoint_kill.py`` (``tests/_ckpt_kill.py``),
-with more and bigger trials. Each trial starts a worker that saves in a loop
+The same harness as ``tests/serialization/test_checkpoint_kill.py``
+(``tests/serialization/_ckpt_kill.py``), with more and bigger trials. Each trial starts a
+worker that saves in a loop
 (overwriting one path, saving fresh paths, or through an asynchronous
 CheckpointManager with max_to_keep=2), kills it at a random moment, and checks
 that every checkpoint on disk that loads is complete and exactly the state it
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serialization"))
 
 import _ckpt_kill
 

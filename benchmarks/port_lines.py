@@ -1,6 +1,6 @@
 """How many lines a port from PyTorch to jmodule changes, per file pair, and why.
 
-For every ``<model>_torch.py`` / ``<model>_jm.py`` pair in ``tests/ports/`` (or
+For every ``<model>_torch.py`` / ``<model>_jm.py`` pair in ``tests/models/ports/`` (or
 the folder given), ``difflib`` compares the two files line by line. The
 module docstrings are left out (each file's describes itself), and so are
 blank and comment-only lines. A changed line is counted once, on the PyTorch
@@ -28,7 +28,7 @@ last two classes.
 
 Run ``python benchmarks/port_lines.py`` for a markdown table, ``--json`` for
 the same as JSON, ``--lines`` to list every counted line with its class.
-``tests/test_ports.py`` checks the counting on a small pair of sources.
+``tests/models/test_ports.py`` checks the counting on a small pair of sources.
 
 For comparison, the table for the first ports, written against plain
 ``jax.Array`` activations (before ``jm.Tensor`` and ``import jmodule.torch as
@@ -45,7 +45,7 @@ NumPy/JAX spells them)::
 (the classes in order: imports, namespace, indentation, backward/optimizer,
 tensor method, other).
 
-The ports in ``tests/ports/`` now import ``jmodule.torch`` and compute with
+The ports in ``tests/models/ports/`` now import ``jmodule.torch`` and compute with
 ``jm.Tensor`` s; the script prints their table.
 """
 
@@ -60,7 +60,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PORTS = ROOT / "tests" / "ports"
+PORTS = ROOT / "tests" / "models" / "ports"
 CLASSES = (
     "imports",
     "namespace",

@@ -1,8 +1,8 @@
 """Racing saves and exits with saves in flight, run many times: issue 14's figures.
 
-The scenarios of ``tests/test_checkpoint_races.py`` and
-``tests/test_checkpoint_exit.py`` (``tests/_save_races.py``), as often as the
-issue ran them:
+The scenarios of ``tests/serialization/test_checkpoint_races.py`` and
+``tests/serialization/test_checkpoint_exit.py`` (``tests/serialization/_save_races.py``), as often
+as the issue ran them:
 
 * two threads ``jm.save`` to one new path at once (30 trials): how often both
   report success (one checkpoint silently gone), and how often exactly one does;
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serialization"))
 
 import _save_races
 

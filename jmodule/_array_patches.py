@@ -24,7 +24,7 @@ jmodule adds, on JAX's array and tracer classes:
 A tracer looks up what its class lacks through ``Tracer.__getattr__``, which
 Python also calls when a property raises ``AttributeError``; for the hinted
 names it raises the hint (every other name goes to JAX's own, unchanged).
-Nothing valid in JAX behaves differently (``tests/test_array_patches.py``
+Nothing valid in JAX behaves differently (``tests/project/test_array_patches.py``
 checks JAX's own ``view(dtype)`` on arrays and tracers). No other module of
 jmodule assigns attributes to JAX's classes.
 """

@@ -3,7 +3,7 @@
 This is the only module that imports ``jax._src``, reads a private attribute of
 JAX's objects (a tracer's ``_trace``, a trace's ``parent_trace``, a jitted
 function's ``_cache_size``, a key dtype's ``_impl``) or matches the text of a
-JAX error (``tests/test_jax_internals.py`` fails on a ``jax._src`` import
+JAX error (``tests/project/test_jax_internals.py`` fails on a ``jax._src`` import
 anywhere else). Each name it exports has its entry in :data:`INTERNALS`: why
 jmodule needs it, and which public API would replace it. The differences
 between the JAX versions jmodule runs on (0.10 and 0.12) are handled here too.

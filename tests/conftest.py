@@ -28,7 +28,7 @@ def pytest_report_header(config):
     if _torch.INSTALLED:
         return f"PyTorch {_torch.torch.__version__}: tests marked torch run"
     here = Path(__file__).parent
-    modules = sum(_torch.module_marked_file(p) for p in here.glob("test_*.py"))
+    modules = sum(_torch.module_marked_file(p) for p in here.rglob("test_*.py"))
     return (
         f"PyTorch is not installed: tests marked torch do not run ({modules} test modules "
         "are not collected, and marked tests elsewhere are deselected)"

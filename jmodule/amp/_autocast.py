@@ -29,7 +29,7 @@ The tables are PyTorch 2.13's: ``CUDA`` is ``AT_FORALL_LOWER_PRECISION_FP``,
 ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE`` and ``AT_FORALL_PROMOTE`` of
 ``ATen/autocast_mode.h`` (the header in the torch wheel); ``CPU`` is the set
 of ops with an ``AutocastCPU`` kernel in torch's dispatcher, each classified
-by running it under ``torch.autocast("cpu")``. ``tests/test_amp.py`` checks
+by running it under ``torch.autocast("cpu")``. ``tests/amp/test_amp.py`` checks
 both against the installed torch.
 
 Compiled programs include the region in their key (``jmodule/_lowering``):

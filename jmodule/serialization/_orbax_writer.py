@@ -20,7 +20,7 @@ TensorStore's work:
   ``SingleDeviceShardingMetadata``), ``array_metadatas/process_0``,
   ``_CHECKPOINT_METADATA`` and ``commit_success.txt``.
 
-Orbax reads the result like one of its own (``tests/test_checkpoint_orbax_format.py``
+Orbax reads the result like one of its own (``tests/serialization/test_checkpoint_orbax_format.py``
 restores it with ``PyTreeCheckpointer``, with and without restore arguments,
 reads its metadata, and compares every file with what Orbax writes for the
 same arrays). Arrays sharded over several devices are left to Orbax's
