@@ -1,4 +1,4 @@
-"""Scale-out checks on 8 simulated CPU devices (API.md section 8, issue 7).
+"""Scale-out checks on 8 simulated CPU devices (issue 7).
 
 Not collected by the main run: ``tests/distributed/test_distributed.py`` runs this file in
 its own pytest process with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``

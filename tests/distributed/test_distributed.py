@@ -1,4 +1,4 @@
-"""Scale-out (API.md section 8, issue 7): sharding, meta init, SyncBatchNorm, processes.
+"""Scale-out (issue 7): sharding, meta init, SyncBatchNorm, processes.
 
 This process has one device. The 8-device checks live in ``_dist_eight.py``
 and run once, in their own pytest process with

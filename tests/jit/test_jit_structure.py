@@ -1,4 +1,4 @@
-"""A ScriptModule's own structure is fixed, as TorchScript's (API.md section 3, seed 004).
+"""A ScriptModule's own structure is fixed, as TorchScript's.
 
 Each change is tried on ``torch.jit.script(m)`` and on ``jm.jit.script(m)`` /
 ``jm.jit.ScriptModule(m)``: the exception type must be torch's, and jm changes

@@ -1,4 +1,4 @@
-"""``nn.Parameter``'s torch.Tensor methods (API.md section 11), against torch live.
+"""``nn.Parameter``'s torch.Tensor methods, against torch live.
 
 Each reading method is compared with torch's on the same values, eagerly, in
 ``jm.compile`` and under ``jm.backward`` (where gradients must flow through it);
@@ -134,7 +134,7 @@ def test_dtype_queries_match_torch(dtype):
     if dtype == "bfloat16":
         j = nn.Parameter(jnp.zeros(3, jnp.bfloat16), requires_grad=False)
     if dtype == "int64" and not jax.config.read("jax_enable_x64"):
-        assert j.element_size() == 4  # int64 is int32 with x64 off (API.md section 2)
+        assert j.element_size() == 4  # int64 is int32 with x64 off (README: 64-bit types)
     else:
         assert j.element_size() == t.element_size()
     assert j.is_floating_point() == t.is_floating_point()

@@ -1,4 +1,4 @@
-"""Devices, dtypes, meta construction: API.md section 2."""
+"""Devices, dtypes, meta construction: ``jm.device``, ``.to``/``.cuda``, ``device="meta"``."""
 
 import os
 import subprocess

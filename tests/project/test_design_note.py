@@ -217,3 +217,22 @@ def test_the_check_catches_a_note_that_drifted(monkeypatch, tmp_path, span, prob
     monkeypatch.setattr(sys.modules[__name__], "NOTE", note)
     with pytest.raises(AssertionError, match=problem):
         test_every_name_the_note_cites_exists()
+
+
+def test_nothing_cites_the_team_documents_outside_the_repository():
+    """API.md, DESIGN.md and STYLE.md are the team's, not the repository's: code, tests,
+    notes and benchmarks say what they mean instead of pointing a reader at a file that a
+    clone does not have (the CHANGELOG, a history, may name what was true then)."""
+    files = [ROOT / "README.md"] + [
+        f
+        for folder in ("jmodule", "tests", "benchmarks", "examples", "notebooks")
+        for f in sorted((ROOT / folder).rglob("*"))
+        if f.suffix in (".py", ".md", ".ipynb", ".toml") and f != Path(__file__).resolve()
+    ]
+    assert len(files) > 100, files
+    cited = [
+        str(f.relative_to(ROOT))
+        for f in files
+        if re.search(r"\b(API|DESIGN|STYLE)\.md\b", f.read_text(errors="replace"))
+    ]
+    assert cited == []

@@ -92,7 +92,7 @@ def test_a_missing_num_batches_tracked_is_filled_in_unless_metadata_says_v2(
         ref.state_dict()[prefix + "num_batches_tracked"]
     )
     if want[0] != "ok":
-        return  # torch has copied some values before raising; jm changes nothing (API.md 1)
+        return  # torch has copied some values before raising; jm changes nothing (all or nothing)
     for k, v in ref.state_dict().items():
         np.testing.assert_allclose(np.asarray(ours.state_dict()[k]), v.numpy(), rtol=1e-6)
 

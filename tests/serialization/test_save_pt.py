@@ -189,7 +189,7 @@ def test_torch_save_to_jm_load_and_back(tmp_path):
         want = v.numpy()
         got = again["model"][k]
         if k.endswith("num_batches_tracked") and not jax.config.read("jax_enable_x64"):
-            assert got.dtype == torch.int32  # int64 is int32 with x64 off (API.md section 2)
+            assert got.dtype == torch.int32  # int64 is int32 with x64 off (README: 64-bit types)
         else:
             assert got.dtype == v.dtype
         np.testing.assert_array_equal(got.numpy(), want)

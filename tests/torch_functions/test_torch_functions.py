@@ -1,4 +1,4 @@
-"""The ``torch.*`` functions of ``jm`` (API.md section 11) against PyTorch, live.
+"""The ``torch.*`` functions of ``jm`` against PyTorch, live.
 
 One registry of cases (function name, arguments, keyword arguments) runs
 through ``torch.<name>`` and ``jm.<name>``; the same check compares values
@@ -1073,7 +1073,7 @@ def test_explicit_generator_inside_compiled_code_raises() -> None:
 # ---------------------------------------------------------------------------- namespace
 
 
-# Every name API.md section 11 lists (embedded: the contract's list, not read at test time).
+# Every torch function jm promises (the API contract's list, embedded: not read at test time).
 SECTION_11 = """
 tensor as_tensor from_numpy zeros ones full empty zeros_like ones_like full_like empty_like
 rand_like randn_like arange linspace logspace eye tril triu tril_indices triu_indices meshgrid
