@@ -10,7 +10,7 @@ PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.1
 VENV312 := .venv312
 PY312 := $(VENV312)/bin/python
 
-.PHONY: demo test test-311 test-312 bench lint format clean
+.PHONY: demo test test-fast test-311 test-312 bench lint format clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test: test-311 test-312
 
 test-311: $(VENV)/.test-installed
 	$(PY) -m pytest
+
+# The developer's loop: everything not marked slow, on Python 3.11 (CI runs `make test`).
+test-fast: $(VENV)/.test-installed
+	$(PY) -m pytest -m "not slow"
 
 test-312: $(VENV312)/.test-installed
 	$(PY312) -m pytest -m "not torch"

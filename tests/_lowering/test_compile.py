@@ -108,6 +108,7 @@ def test_setting_training_attribute_directly_switches_the_compiled_program():
     assert "training mode changed" in jm.compile_stats(model).reasons[-1]
 
 
+@pytest.mark.slow
 def test_recompile_reasons_for_each_structural_change(caplog):
     model = _mlp()
     model.compile()

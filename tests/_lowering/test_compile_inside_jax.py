@@ -40,6 +40,7 @@ def _values(model) -> dict:
     return {k: np.asarray(v) for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True], ids=["sequential", "scan"])
 @pytest.mark.parametrize(
     "around",
@@ -71,6 +72,7 @@ def test_a_state_changing_step_inside_a_jax_transformation_refuses_and_changes_n
     assert float(_step(model, opt, x)) == pytest.approx(want, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_compiled_forward_that_changes_nothing_runs_under_vmap_and_grad():
     model = _model(False).eval()
     compiled = jm.nn.Sequential(*model).eval()

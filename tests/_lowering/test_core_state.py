@@ -92,6 +92,7 @@ def _jm_step():
     return step
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -134,6 +135,7 @@ def test_frozen_backbone_trains_its_head_like_torch(opt_name, compiled, given, h
         assert step.num_traces == 1
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
 def test_freezing_and_unfreezing_between_compiled_steps_recompiles_once_each(opt_name, caplog):
@@ -268,6 +270,7 @@ def _loss(model, x):
     return (model(x) ** 2).mean()
 
 
+@pytest.mark.slow
 def test_backward_in_one_thread_is_unaffected_by_module_calls_in_another():
     x = jnp.asarray(np.random.default_rng(0).standard_normal((5, 4)), jnp.float32)
     a = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -363,6 +366,7 @@ class _Box:
 GLOBAL_NET = nn.Linear(3, 1)
 
 
+@pytest.mark.slow
 def test_backward_differentiates_whatever_the_closure_read():
     x = jnp.ones((2, 3))
     deep = nn.Linear(3, 1)
@@ -476,6 +480,7 @@ def test_step_closure_computing_before_its_backward_gets_a_clear_error():
 # ---------------------------------------------------------------------------- packed gradients
 
 
+@pytest.mark.slow
 def test_a_compiled_step_writes_small_gradients_packed_and_reads_give_them_back():
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
     eager = copy.deepcopy(model)
@@ -542,3 +547,65 @@ def test_functional_call_inside_backward_does_not_differentiate_the_replaced_par
     values = {n: jnp.ones_like(p.data) for n, p in m.named_parameters()}  # not the parameters
     jm.backward(lambda: jm.func.functional_call(m, values, (jnp.ones((2, 3)),)).sum())
     assert m.weight.grad is None and m.bias.grad is None  # torch: they took no part
+
+
+def test_tree_slots_enumerates_once_and_names_every_alias_in_one_walk():
+    """Each slot once (a shared block, a tied weight), every dotted name of
+    ``named_parameters``/``named_buffers(remove_duplicate=False)`` in the aliases, and
+    the buffers registered as None listed only when asked for, after the gradients."""
+    block = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    root = nn.Module()
+    root.a, root.b = block, block  # one block under two names
+    root.head = nn.Linear(3, 3)
+    root.tail = nn.Linear(3, 3)
+    root.tail.weight = root.head.weight  # tied
+    root.register_buffer("mask", None)
+    tree = state.tree_slots(root, grads=True, nones=True, aliases=True)
+    ids = [(id(c), k) for c, k in tree.slots]
+    assert len(ids) == len(set(ids))
+    assert [n for n, _ in root.named_parameters()] == [
+        n for n, k in zip(tree.names, tree.kinds) if k == "param"
+    ]
+    every = dict(root.named_parameters(remove_duplicate=False))
+    every.update(root.named_buffers(remove_duplicate=False))
+    assert set(tree.aliases) == set(every)
+    for name, (c, k) in tree.aliases.items():
+        assert c[k] is (every[name].__dict__["_value"] if k == "_value" else every[name])
+    assert tree.kinds[-1] == "none" and tree.names[-1] == "mask"
+    assert tree.kinds.count("grad") == len(tree.params)
+    assert "none" not in state.tree_slots(root).kinds
+
+
+class _Masked(nn.Module):
+    """No parameters; a buffer registered as None, used when given a value."""
+
+    def __init__(self, fill: bool):
+        super().__init__()
+        self.register_buffer("mask", None)
+        self.fill = fill
+
+    def forward(self, x):
+        if self.mask is None and self.fill:
+            self.mask = jnp.tril(jnp.ones((x.shape[-1], x.shape[-1])))
+        return x * 2 if self.mask is None else x @ self.mask
+
+
+def test_a_tree_without_parameters_keeps_its_none_buffers_out_of_its_state():
+    """A None buffer is a slot of a compiled plan only: not state to export or place,
+    also when the tree has no parameters (so no gradient slots come between)."""
+    import jmodule.jit  # noqa: F401  (jm.jit)
+    from jmodule._lowering import structure
+
+    x = jnp.arange(6.0).reshape(2, 3)
+    desc = structure.describe(_Masked(fill=True))
+    assert desc.slots == () and desc.grad_slots == () and desc.none_names == ("mask",)
+    traced = jm.jit.trace(_Masked(fill=False), x)  # exports the state that has values
+    np.testing.assert_allclose(np.asarray(traced(x)), 2 * np.asarray(x))
+    assert dict(traced.state_dict()) == {}
+    m = _Masked(fill=True)
+    m.compile()
+    expected = np.asarray(x) @ np.tril(np.ones((3, 3)))
+    np.testing.assert_allclose(np.asarray(m(x)), expected)
+    assert m.mask is not None  # the compiled call's write came back
+    np.testing.assert_allclose(np.asarray(m(x)), expected)  # now ordinary state
+    assert [n for n, _ in m.named_buffers()] == ["mask"]

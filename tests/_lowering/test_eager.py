@@ -99,6 +99,7 @@ def _data(shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype), rng.integers(0, 3, shape[0])
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("which", sorted(_MODELS))
 def test_sgd_steps_match_torch_float64(which):
@@ -132,6 +133,7 @@ def test_sgd_steps_match_torch_float64(which):
             np.testing.assert_allclose(np.asarray(b), tb.numpy(), atol=1e-12, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("which", sorted(_MODELS))
 def test_nothing_compiles_from_the_third_step(which):
@@ -203,6 +205,7 @@ def _doubled_grad(v):
 _doubled_grad.defvjp(lambda v: (v, None), lambda _, g: (2 * g,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CLOSURES))
 def test_user_code_in_the_closure_is_differentiated_as_jax_grad(name):
     fn = CLOSURES[name]
@@ -217,6 +220,7 @@ def test_user_code_in_the_closure_is_differentiated_as_jax_grad(name):
             np.testing.assert_allclose(np.asarray(w.grad), np.asarray(want), atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_models_match_jax_grad_of_the_functional_model():
     with jax.enable_x64(True):
@@ -297,6 +301,7 @@ def test_fused_sequential_matches_layer_by_layer_and_draws_the_same_masks():
     np.testing.assert_allclose(stats, np.asarray(model[1].running_mean), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_hooks_stop_fusion_and_fire_on_every_call_in_order():
     model = _mlp(jm.nn)
     x = jnp.ones((2, 12))
@@ -378,6 +383,7 @@ def test_tape_values_kept_after_the_step_lower_to_arrays():
     np.testing.assert_allclose(np.asarray(v + 0), np.asarray(m(jnp.ones((1, 3)))), rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_model_made_again_reuses_the_compiled_step():
     """Re-running the notebook cell that makes the model: no new trace, nothing compiled."""
@@ -419,6 +425,7 @@ def test_a_model_made_again_reuses_the_compiled_step():
     assert jm.compile_stats(step).num_traces == 1, jm.compile_stats(step).reasons
 
 
+@pytest.mark.slow
 def test_a_new_optimizer_on_a_reused_program_gets_its_state():
     """Two optimizers of one structure in turn on the same model: each shows its state."""
     model = jm.nn.Sequential(jm.nn.Linear(4, 8), jm.nn.Tanh(), jm.nn.Linear(8, 3))

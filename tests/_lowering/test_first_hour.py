@@ -37,6 +37,7 @@ def _model_and_step():
     return model, opt, step, x, y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_before", [0, 3])
 def test_an_array_held_across_a_donated_step_is_named_once_before_it_is_deleted(steps_before):
     model, opt, step, x, y = _model_and_step()
@@ -54,6 +55,7 @@ def test_an_array_held_across_a_donated_step_is_named_once_before_it_is_deleted(
     assert w.is_deleted()  # donation as documented; the warning came first
 
 
+@pytest.mark.slow
 def test_a_state_dict_snapshot_held_across_a_donated_step_is_named_then_load_says_it_once():
     model, opt, step, x, y = _model_and_step()
     snapshot = model.state_dict()
@@ -186,6 +188,7 @@ def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_traceback_of_a_script_and_unfiltered_mode():
     code = """
         import jax.numpy as jnp
@@ -202,6 +205,7 @@ def test_traceback_of_a_script_and_unfiltered_mode():
     assert "in_features=15" in unfiltered.stderr
 
 
+@pytest.mark.slow
 def test_print_of_summary_shows_one_table():
     code = """
         import jax.numpy as jnp
@@ -251,6 +255,7 @@ def _probe(env: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_compilation_cache_is_on_by_default_in_the_user_cache_dir_and_can_be_turned_off(tmp_path):
     got = _probe({"XDG_CACHE_HOME": str(tmp_path)})
     assert got["dir"] == str(tmp_path / "jmodule" / "xla")
@@ -262,6 +267,7 @@ def test_compilation_cache_is_on_by_default_in_the_user_cache_dir_and_can_be_tur
     )
 
 
+@pytest.mark.slow
 def test_an_unwritable_compilation_cache_is_said_once_and_left_off(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

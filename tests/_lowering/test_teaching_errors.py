@@ -49,6 +49,7 @@ def _donating_step():
     return m, opt, step
 
 
+@pytest.mark.slow
 def test_an_array_deleted_by_donation_names_donation_copy_and_donate_false():
     m, opt, step = _donating_step()
     w = m.weight.data  # taken before the step: the step donates its buffer

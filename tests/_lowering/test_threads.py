@@ -110,6 +110,7 @@ def test_compiled_steps_in_threads_equal_a_sequential_run(shared):
             _assert_same(models[i], alone)
 
 
+@pytest.mark.slow
 def test_compiled_dropout_steps_sharing_the_generator_replay_in_the_order_they_drew():
     step = jm.compile(_keyed_step_fn)
     for repeat in range(REPEATS):
@@ -141,6 +142,7 @@ def test_compiled_dropout_steps_sharing_the_generator_replay_in_the_order_they_d
             _assert_same(models[i], replay[i])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout", [False, True], ids=["batch norm", "dropout"])
 def test_one_compiled_forward_shared_by_threads_equals_a_sequential_run(dropout):
     for repeat in range(REPEATS):
@@ -165,6 +167,7 @@ def test_one_compiled_forward_shared_by_threads_equals_a_sequential_run(dropout)
         assert int(model[1].num_batches_tracked) == THREADS * STEPS
 
 
+@pytest.mark.slow
 def test_compiled_forwards_of_separate_models_in_threads_equal_a_sequential_run():
     for _ in range(REPEATS):
         models = [_net(i) for i in range(THREADS)]
@@ -185,6 +188,7 @@ def test_compiled_forwards_of_separate_models_in_threads_equal_a_sequential_run(
             _assert_same(models[i], alone)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout", [False, True], ids=["batch norm", "dropout"])
 def test_eager_training_in_threads(dropout):
     def train(model: nn.Module, i: int) -> None:
@@ -229,6 +233,7 @@ def _drop_model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inner", ["eager", "compiled"])
 def test_a_retrace_that_starts_drawing_draws_from_the_stream(inner):
     model = _drop_model()

@@ -183,6 +183,7 @@ def test_every_cpu_listed_op_jmodule_implements_has_a_case():
     assert all(_autocast.CPU.get(op) for op in CPU_LISTED)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize(("name", "call"), [pytest.param(n, c, id=n) for n, c in CASES])
@@ -281,6 +282,7 @@ def _torch_loss(ref, x, y, amp):
     return logits, loss
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_loss_and_gradients_match_torch_cpu_autocast(compiled):
@@ -385,6 +387,7 @@ def test_regions_are_per_thread():
     assert seen == {"enabled": False, "dtype": jnp.float32}
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_cuda_policy_from_torchs_table(monkeypatch):
     """Ops cast by CUDA's lists (read from torch's header) when JAX computes on a GPU.
@@ -454,6 +457,7 @@ def test_compiled_function_traced_outside_autocast_retraces_inside():
     assert jm.compile_stats(model).num_traces == 2
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_autocast_region_inside_a_compiled_training_step():
     torch.manual_seed(0)
@@ -537,6 +541,7 @@ def _jm_run(opt_name, clip, compiled):
     return trace, scaler.state_dict(), opt.state_dict(), fn
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("clip", [False, True], ids=["step", "unscale_clip_step"])
@@ -881,6 +886,7 @@ def test_function_cases_cover_every_jm_torch_function():
     assert len({c.id for c in FUNCTION_CASES}) == len(FUNCTION_CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("case", "low", "dtype", "mode"), list(_function_params()))
 def test_jm_functions_follow_torch_cpu_autocast(case, low, dtype, mode):

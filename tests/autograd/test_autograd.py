@@ -264,6 +264,7 @@ def test_deprecated_backward_hook_warns_and_cannot_mix_with_full_hooks():
     assert seen == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_compiled_training_step_matches_eager_and_donates_old_weights():
     _, model = _pair()

@@ -94,6 +94,7 @@ def test_gradients_accumulate_over_backward_calls_as_torch(x64):
     assert all(p.grad is None for p in ours.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_tensor_operations_and_parameters_outside_modules_are_on_the_graph(x64):
     """What ported code does between the model and ``backward``: Tensor methods, jm
@@ -268,6 +269,7 @@ def test_loss_backward_inside_compiled_code_says_use_jm_backward():
         step(model, jtorch.ones(2, 3))
 
 
+@pytest.mark.slow
 def test_graphs_nobody_holds_are_freed():
     """An eval loop without ``no_grad`` keeps nothing alive: the graph belongs to the
     values, not to the thread."""
@@ -334,6 +336,7 @@ def test_hooks_fire_in_torch_order_during_loss_backward():
         assert run(jtorch) == run(torch)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_parameter_torch_methods_join_the_graph_and_operators_give_plain_arrays(x64):
     """A parameter joins the graph when a module called on a jm.Tensor reads it, when it

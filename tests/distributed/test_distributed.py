@@ -94,6 +94,7 @@ def eight_device_results(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _eight_device_tests())
 def test_on_eight_devices(name, eight_device_results):
     cases = {k: v for k, v in eight_device_results.items() if k.split("[")[0] == name}
@@ -112,6 +113,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_importing_jmodule_leaves_jax_backends_unstarted():
     """jax.distributed.initialize must run before JAX starts its backends; if
     ``import jmodule`` started them, ``jm.distributed.init()`` could never work."""
@@ -177,6 +179,7 @@ def _run_two(script: str, args: list[list[str]], logdir: Path) -> None:
         assert p.returncode == 0, f"process {rank} failed:\n{logs[rank].read_text()}"
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one(tmp_path):
     _run_two("_dist_process.py", [[str(tmp_path / f"{rank}.npz")] for rank in range(2)], tmp_path)
     got = [np.load(tmp_path / f"{rank}.npz") for rank in range(2)]
@@ -200,6 +203,7 @@ def test_two_processes_agree_with_one(tmp_path):
 
 # Orbax leaves reads in flight when one fails; see
 # tests/serialization/test_serialization_corrupt.py.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_two_processes_save_one_checkpoint(tmp_path):
     """Both processes jm.save FSDP-sharded training state to one path, each writing its

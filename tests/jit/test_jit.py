@@ -279,6 +279,7 @@ def test_views_follow_mode_and_shape_changes():
     assert "input:f32[4,6]" in sm.graph
 
 
+@pytest.mark.slow
 def test_code_is_python_that_reproduces_forward_and_buffer_updates():
     model = _mlp()
     sm = jm.jit.trace(model, _x())

@@ -364,6 +364,7 @@ def _state(model: nn.Module) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
 def test_code_reexecutes_to_forward_output(case):
@@ -400,6 +401,7 @@ def test_code_reexecutes_to_forward_output(case):
             _assert_same(new_state[k], want_state[k], f"{case.name} ({mode}) {k}")
 
 
+@pytest.mark.slow
 def test_code_runs_eagerly_on_the_module_itself():
     # The other way to run it: op by op, on the module, updating its buffers in place.
     model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.3))

@@ -187,6 +187,7 @@ def _drive(paths):
     return outcomes
 
 
+@pytest.mark.slow
 def test_rewritten_programs_load_and_run_or_raise_program_file_error(tmp_path, saved):
     meta, parts = _parts(saved)
     rng = np.random.default_rng(20260)
@@ -218,6 +219,7 @@ def _sleeping_child(monkeypatch):
     monkeypatch.setattr(_validate, "_CHILD", "import time\ntime.sleep(600)\n")
 
 
+@pytest.mark.slow
 def test_a_verification_that_does_not_finish_is_a_program_file_error(
     saved, fresh_verdicts, children, monkeypatch
 ):
@@ -263,6 +265,7 @@ def test_a_tiny_time_limit_refuses_and_bad_limits_are_value_errors(
         jm.jit.load(io.BytesIO(saved))
 
 
+@pytest.mark.slow
 def test_a_program_is_verified_once_per_process_by_one_child(
     saved, fresh_verdicts, children, monkeypatch
 ):
@@ -289,6 +292,7 @@ def test_a_program_is_verified_once_per_process_by_one_child(
     assert children[0].served == 3
 
 
+@pytest.mark.slow
 def test_a_program_the_reader_cannot_parse_is_refused_by_the_child(saved, fresh_verdicts):
     meta, parts = _parts(saved)
     exported = jax.export.deserialize(bytearray(parts["program"]))
@@ -316,6 +320,7 @@ _CRASH_ON_MARK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_verifier_that_crashes_or_is_killed_is_replaced(
     saved, fresh_verdicts, children, monkeypatch
 ):
@@ -341,6 +346,7 @@ def test_a_verifier_that_crashes_or_is_killed_is_replaced(
     assert _validate._VERIFIER.child_pid == children[3].proc.pid
 
 
+@pytest.mark.slow
 def test_loads_in_several_threads_take_turns_and_get_their_own_verdicts(
     saved, fresh_verdicts, children, monkeypatch
 ):
@@ -379,6 +385,7 @@ def test_loads_in_several_threads_take_turns_and_get_their_own_verdicts(
     assert len(children) == 1 and 7 <= children[0].served <= 8
 
 
+@pytest.mark.slow
 def test_a_forked_process_starts_its_own_verifier(saved, fresh_verdicts):
     jm.jit.load(io.BytesIO(saved))
     parent_child = _validate._VERIFIER.child_pid
@@ -431,6 +438,7 @@ _EXITING = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_verifier_ends_with_its_process(tmp_path, saved):
     path = tmp_path / "model.jmjit"
     path.write_bytes(saved)
@@ -563,6 +571,7 @@ def test_a_raw_lowering_error_at_the_first_call_becomes_a_program_file_error(
         loaded(_X, _X)
 
 
+@pytest.mark.slow
 def test_loaded_programs_still_run_and_refuse_wrong_inputs_as_before(saved):
     loaded = jm.jit.load(io.BytesIO(saved))
     first = np.asarray(loaded(_X))

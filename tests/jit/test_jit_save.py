@@ -230,6 +230,7 @@ def test_extra_files_round_trip_as_torch_jit_does():
     assert extra == {"meta.json": b'{"epoch": 3}', "raw.bin": b"\x00\x01", "absent.txt": "keep"}
 
 
+@pytest.mark.slow
 def test_dynamic_batch_program_serves_any_batch():
     model = Net().eval()
     loaded = _roundtrip(jm.jit.trace(model, _x(), dynamic_batch=True))
@@ -355,6 +356,7 @@ def _env():
     return env
 
 
+@pytest.mark.slow
 def test_fuzzed_files_never_kill_the_process_or_load(tmp_path, saved):
     rng = np.random.default_rng(1234)
     header_end = 20 + int.from_bytes(saved[12:20], "little") + 32
@@ -427,6 +429,7 @@ _LOADER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_loads_in_a_fresh_interpreter_without_the_defining_module(tmp_path):
     source_dir = tmp_path / "src"
     source_dir.mkdir()

@@ -91,6 +91,7 @@ def test_state_dict_keys_and_shapes_match(models):
     assert ours.head.weight is ours.tok.weight
 
 
+@pytest.mark.slow
 def test_logits_and_gradients_match_torch(models):
     ref, ours = models
     idx, pos, mask, targets = _inputs(TORCH)
@@ -131,6 +132,7 @@ def test_compiled_training_step_matches_eager(models):
     np.testing.assert_allclose(float(compiled), float(eager), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_jm_backward_accumulates_torch_gradients(models):
     ref, ours = models
     idx, pos, mask, targets = _inputs(TORCH, seed=2)

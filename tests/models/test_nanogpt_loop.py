@@ -231,6 +231,7 @@ def _flat(weights):
     return np.concatenate([weights[k].ravel() for k in sorted(weights)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scaled", [False, True], ids=["nanogpt_bf16_scaler_off", "scaler_on"])
 def test_nanogpt_loop_compiled_matches_torch_autocast(scaled):
     start, t_amp, w_amp = torch_loop(amp=True, scaled=scaled)

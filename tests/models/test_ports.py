@@ -92,6 +92,7 @@ def x64():
 # ----------------------------------------------------------------------------- ViT
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_vit_forward_and_gradients_match_torch_float64(x64, pool):
@@ -130,6 +131,7 @@ def test_vit_forward_and_gradients_match_torch_float64(x64, pool):
 # ----------------------------------------------------------------------------- LSTM LM
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_lstm_lm_forward_and_gradients_match_torch_float64(x64):
     t, j = _pair("lstm_lm")
@@ -164,6 +166,7 @@ def test_lstm_lm_forward_and_gradients_match_torch_float64(x64):
     _grads_match(ref, ours)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_lstm_lm_training_script_matches_torch_float64(x64, capsys):
     """The file's own ``main()``: two epochs of ``train()`` (truncated BPTT with the hidden
@@ -207,6 +210,7 @@ def test_lstm_lm_training_script_matches_torch_float64(x64, capsys):
 UNET_SHAPE = (2, 3, 36, 44)  # odd sizes on the way down: Up's F.pad pads by one
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("bilinear", [False, True], ids=["transposed", "bilinear"])
 def test_unet_forward_gradients_and_running_stats_match_torch_float64(x64, bilinear):
@@ -245,6 +249,7 @@ def _small_segmenter(module, n_classes):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("n_classes", [3, 1], ids=["softmax", "sigmoid"])
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
@@ -327,6 +332,7 @@ def _gpt_backward(t, j, ref, ours, idx, targets, compiled=False):
     return loss
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_nanogpt_matches_torch_float64(x64, capsys):
     """The flash path (``F.scaled_dot_product_attention``), biases on: the last position's
@@ -376,6 +382,7 @@ def test_nanogpt_matches_torch_float64(x64, capsys):
         _close(v, eager[k], what=f"{k} after the compiled step")
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_nanogpt_manual_attention_crop_and_generate_match_torch_float64(x64, monkeypatch):
     """Without ``F.scaled_dot_product_attention`` (PyTorch < 2.0) the file's own ``__init__``
@@ -414,6 +421,7 @@ def test_nanogpt_manual_attention_crop_and_generate_match_torch_float64(x64, mon
 # ----------------------------------------------------------------------------- ResNet
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("variant", ["resnet18", "bottleneck"])
 def test_resnet_forward_gradients_and_running_stats_match_torch_float64(x64, variant):
@@ -459,6 +467,7 @@ def test_resnet_forward_gradients_and_running_stats_match_torch_float64(x64, var
     _state_match(ref, ours)  # the running statistics moved the same way
 
 
+@pytest.mark.slow
 def test_resnet_init_matches_torchvision():
     """The file's own init: Kaiming-normal convolutions (``fan_out``), BN weights one and
     biases zero, and with ``zero_init_residual`` each block's last BN weight zero."""

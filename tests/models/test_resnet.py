@@ -41,6 +41,7 @@ def test_state_dict_matches():
     assert repr(ours) == repr(ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_outputs_and_running_stats_match(compiled):
     ref, ours = build()
@@ -64,6 +65,7 @@ def test_outputs_and_running_stats_match(compiled):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_parameter_gradients_match(training):
     ref, ours = build()
@@ -87,6 +89,7 @@ def test_parameter_gradients_match(training):
         )
 
 
+@pytest.mark.slow
 def test_compiled_training_steps_match():
     """SGD steps of the PyTorch loop under ``jm.compile`` (jm.backward, momentum,
     batch-norm statistics) make PyTorch's updates.
@@ -132,6 +135,7 @@ def test_compiled_training_steps_match():
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_float64_sgd_steps_match_torch_float64(compiled):
     """Five free-running SGD steps in float64 (x64 on) end where PyTorch float64 ends.

@@ -84,6 +84,7 @@ def _check(curve, want):
     assert want[-20:].mean() < want[:20].mean() / 4
 
 
+@pytest.mark.slow
 def test_eager_training_follows_pytorch(reference):
     x, y, order, initial, want = reference
     model, opt = _jm_model(initial)

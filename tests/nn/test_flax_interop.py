@@ -4,6 +4,7 @@ import copy
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import jmodule as jm
@@ -31,6 +32,7 @@ class Net(nn.Module):
 X = jnp.arange(20.0).reshape(5, 4) / 10
 
 
+@pytest.mark.slow
 def test_nnx_module_becomes_a_submodule_with_parameters_and_buffers():
     reference = _block()
     net = Net(nnx.clone(reference))
@@ -64,6 +66,7 @@ def test_compiled_model_with_nnx_block_matches_eager_and_threads_its_rng():
     assert jm.compile_stats(net).num_traces == 1
 
 
+@pytest.mark.slow
 def test_gradients_reach_nnx_parameters_and_a_step_trains_them():
     net = Net(_block())
     loss_before = float(jm.backward(lambda: (net(X) ** 2).mean()))
@@ -85,6 +88,7 @@ def test_gradients_reach_nnx_parameters_and_a_step_trains_them():
     assert not np.allclose(np.asarray(kernel.data), before)  # jm.optim trained the NNX kernel
 
 
+@pytest.mark.slow
 def test_to_flax_runs_under_nnx_jit_and_grad():
     model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 2))
     reference = copy.deepcopy(model)

@@ -343,6 +343,7 @@ SET_TARGETS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("target", SET_TARGETS)
 def test_set_submodule_matches_torch(target):
@@ -663,6 +664,7 @@ def test_compiled_module_still_works_after_copy(copier):
 # ------------------------------------------------------------------ layers against torch
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("name", FORWARD_TREES)
 def test_forward_in_eval_matches_torch(name):
@@ -673,6 +675,7 @@ def test_forward_in_eval_matches_torch(name):
     np.testing.assert_allclose(out_j, out_t, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("name", ["bn", "bn_cumulative", "bn_untracked", "net", "linear", "tied"])
 def test_training_steps_match_torch_outputs_and_running_stats(name):

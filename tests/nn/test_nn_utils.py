@@ -289,6 +289,7 @@ def test_vector_to_parameters_errors_as_torch():
     )
 
 
+@pytest.mark.slow
 def test_parameter_vectors_are_differentiable_and_work_compiled():
     t, j = _models()
     (torch.nn.utils.parameters_to_vector(t.parameters()) ** 3).sum().backward()
@@ -333,6 +334,7 @@ CONVS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize(("conv", "bn", "shape", "kw"), CONVS)
 def test_fuse_conv_bn_eval_matches_torch(conv, bn, shape, kw, affine):

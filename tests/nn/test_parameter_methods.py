@@ -211,6 +211,7 @@ def _weights(shape):
     return np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 7
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("label,loss", GRADIENT, ids=[g[0] for g in GRADIENT])
 def test_gradients_flow_through_the_methods_under_jm_backward(label, loss):
@@ -327,6 +328,7 @@ def test_in_place_methods_inside_jm_compile_are_written_back():
     np.testing.assert_allclose(np.asarray(lin.bias), 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_manual_sgd_with_augmented_assignment_matches_torch_eager_and_compiled():
     # The tutorial loop: p -= lr * p.grad under no_grad, eagerly and inside jm.compile.
@@ -563,6 +565,7 @@ def _as_np(x):
     return np.asarray(x)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(
     "name, args, kwargs",

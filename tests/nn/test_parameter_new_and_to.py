@@ -263,6 +263,7 @@ def test_new_arrays_are_on_the_parameters_device():
         assert out.devices() == {device}
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_new_zeros_in_init_hidden_eager_and_compiled():
     """word_language_model's ``init_hidden``: ``weight.new_zeros(nlayers, bsz, nhid)``."""
@@ -307,6 +308,7 @@ def test_new_zeros_in_init_hidden_eager_and_compiled():
     np.testing.assert_allclose(np.asarray(j_out), t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_gradients_flow_through_conversions_as_torch():
     def loss(p, lib):

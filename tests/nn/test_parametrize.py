@@ -335,6 +335,7 @@ def test_transfer_parametrizations_and_params_matches_torch():
     _assert_same_state(j_dst, t_dst)
 
 
+@pytest.mark.slow
 def test_orthogonal_complex_matches_torch():
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((3, 3)) + 1j * rng.standard_normal((3, 3))).astype("complex64")
@@ -485,6 +486,7 @@ def test_serialization_only_through_state_dict():
 # ------------------------------------------------------------------ cached
 
 
+@pytest.mark.slow
 def test_cached_computes_once_eager_and_compiled():
     """Under ``cached()`` a spectral-norm weight read twice runs one power iteration, as
     torch's; without it two. Eagerly, inside a compiled function, and a ``cached()``
@@ -576,6 +578,7 @@ ORTHOGONAL = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("i, o, omap, triv", ORTHOGONAL)
 def test_orthogonal_matches_torch(i, o, omap, triv):
     t = torch.nn.utils.parametrizations.orthogonal(
@@ -603,6 +606,7 @@ def test_orthogonal_matches_torch(i, o, omap, triv):
         _close(jp.grad, tp.grad, 1e-4, 1e-5, msg=name)
 
 
+@pytest.mark.slow
 def test_orthogonal_batched_and_assignment():
     def build(ns):
         m = ns.nn.Module()
@@ -627,6 +631,7 @@ def test_orthogonal_batched_and_assignment():
     _close(j.weight, q, 1e-5, 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dim", [0, 1, None, -1, -2, 3])
 def test_weight_norm_matches_torch(dim):
     rng = np.random.default_rng(1)
@@ -661,6 +666,7 @@ def test_weight_norm_loads_old_style_state_dict():
     _assert_same_state(j, t)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "module, kw",
     [
@@ -738,6 +744,7 @@ def test_spectral_norm_registration_estimates_sigma():
 # ------------------------------------------------------------------ old style
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dim", [0, 1, None])
 def test_old_weight_norm_matches_torch(dim):
     with warnings.catch_warnings():
@@ -758,6 +765,7 @@ def test_old_weight_norm_matches_torch(dim):
     assert isinstance(j.weight, jm.nn.Parameter) and not j._forward_pre_hooks
 
 
+@pytest.mark.slow
 def test_old_spectral_norm_matches_torch():
     t = torch.nn.utils.spectral_norm(_linear(torch, 3, 4))
     j = jm.nn.utils.spectral_norm(_linear(jm, 3, 4))
@@ -802,6 +810,7 @@ def _od(d, meta):
     return out
 
 
+@pytest.mark.slow
 def test_old_style_weight_is_recomputed_on_read():
     """jmodule computes the old-style weight when read (documented difference: torch's
     attribute is refreshed by the forward pre-hook)."""
@@ -875,6 +884,7 @@ KINDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
 def test_ten_sgd_steps_match_torch_float64(kind, compiled):
@@ -928,6 +938,7 @@ def test_ten_sgd_steps_match_torch_float64(kind, compiled):
         _close(j[0].weight, t[0].weight, 1e-10, 1e-12)
 
 
+@pytest.mark.slow
 def test_jmodule_state_dict_loads_into_torch():
     """And back: jmodule's state dict, trained a step, loads into torch unchanged."""
     for kind in ("weight_norm", "spectral_norm", "orthogonal", "old_spectral_norm"):

@@ -141,6 +141,7 @@ def test_pad_packed_sequence_matches_torch(batch_first, total_length, enforce_so
     assert got_len.dtype == np.int64
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("enforce_sorted", [True, False])
 def test_pack_unpack_and_unpad_sequence_match_torch(enforce_sorted):
@@ -365,6 +366,7 @@ def _loss(out, hidden):
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("enforce_sorted", [False, True])
 @pytest.mark.parametrize("case", list(RNN_CASES))
@@ -550,6 +552,7 @@ def test_compiled_training_step_one_step_float32_matches_torch():
         _close(p, tp, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [True, False])
 def test_ten_training_steps_float64_match_torch(compiled):

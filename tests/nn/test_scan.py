@@ -148,6 +148,7 @@ def test_state_dict_named_modules_and_parameters_are_the_blocks():
     assert repr(ours.h).startswith("Scan(\n  (0-2): 3 x Block(")
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_torch_weights_load_unchanged_and_outputs_match_torch():
     """torch's state_dict loads with no missing/unexpected key; same logits, eager and
@@ -166,6 +167,7 @@ def test_torch_weights_load_unchanged_and_outputs_match_torch():
     _close(step(ours, jnp.asarray(idx), _mask(False)), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_gradients_match_torch(compiled):
@@ -191,6 +193,7 @@ def test_gradients_match_torch(compiled):
         _close(pj.grad, pt.grad.numpy(), rtol=1e-4, atol=1e-5, msg=n)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_ten_float64_training_steps_compiled_match_torch():
     """Ten compiled SGD-with-momentum steps in float64 follow torch's trajectory at 1e-10."""
@@ -260,6 +263,7 @@ def test_batchnorm_statistics_match_torch():
 # ----------------------------------------------------------------------------- unrolled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_backward_equals_unrolled_loop(compiled):
     """Loss, every block's .grad, BatchNorm statistics and the dropout stream (the key
@@ -315,6 +319,7 @@ def test_eval_mode_outputs_equal_unrolled_exactly_enough():
     _close(jm.compile(lambda m, x: m(x))(scanned, X), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_training_steps_equal_unrolled(compiled):
     """Three Adam steps (forward, backward, step) with BatchNorm and dropout: weights,
@@ -352,6 +357,7 @@ def test_frozen_block_gets_no_grad():
     assert blocks[0].fc.weight.grad is not None and blocks[2].fc.weight.grad is not None
 
 
+@pytest.mark.slow
 def test_jax_jit_through_functional_call():
     """Inside a bare jax.jit/jax.grad via jm.func.functional_call (the scan path)."""
     blocks = _norm_drop_stack()

@@ -121,6 +121,7 @@ def _stacked(model) -> bool:
     return all(type(state.raw(p)) is state.StackedValue for p in model.h[1].parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_ten_float64_steps_compiled_equal_unrolled_and_torch(name):
@@ -172,6 +173,7 @@ def test_ten_float64_steps_compiled_equal_unrolled_and_torch(name):
         _assert_opt_state(t_opt, t_copy)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_ten_float64_steps_eager_and_mixed_equal_torch():
     """Eagerly, and alternating compiled and eager steps (the eager optimizer then finds
@@ -208,6 +210,7 @@ def test_ten_float64_steps_eager_and_mixed_equal_torch():
         _assert_opt_state(t_opt, es_opt)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_in_place_edits_data_and_load_state_dict_between_steps_are_seen():
     """Changes made to blocks' parameters between compiled steps reach the next step."""
@@ -256,6 +259,7 @@ def test_in_place_edits_data_and_load_state_dict_between_steps_are_seen():
         _assert_opt_state(t_opt, s_opt)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_non_elementwise_optimizer_equals_unrolled_and_torch():
     """Adafactor factors each matrix's second moment: per-block updates, equal results."""
@@ -327,6 +331,7 @@ def _kernels(entry):
     return len(kernels)
 
 
+@pytest.mark.slow
 def test_compiled_step_outputs_and_kernels_do_not_grow_with_depth():
     """4 parameters a block, 3 or 9 blocks: the same program outputs (one stacked array
     per kind, not one per block) and the same number of XLA kernels."""
@@ -336,6 +341,7 @@ def test_compiled_step_outputs_and_kernels_do_not_grow_with_depth():
     assert kernels9 <= kernels3 + 2  # a chunk more where 9 pieces exceed a fused concat
 
 
+@pytest.mark.slow
 def test_block_parameter_reads_between_steps():
     """After a compiled step each block's parameter reads as its own array, shapes without
     slicing, and a read does not stop the next step reading the blocks stacked."""

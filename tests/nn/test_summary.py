@@ -132,6 +132,7 @@ def test_ipython_shows_one_table_that_keeps_the_nesting_and_footer(capsys):
     assert all(_style(c, "text-align") == "left" for c in table.rows["thead"][0][:2])
 
 
+@pytest.mark.slow
 def test_summary_shows_once_per_cell_in_a_jupyter_kernel():
     cells = [
         "import jax.numpy as jnp\nimport jmodule as jm\nfrom jmodule import nn\n"

@@ -142,6 +142,7 @@ def _to_torch(sd: dict) -> dict:
 # ---------------------------------------------------------------------------- arithmetic
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_ten_steps_match_torch(name, kwargs):
@@ -155,6 +156,7 @@ def test_ten_steps_match_torch(name, kwargs):
     _assert_state_dicts(jopt.state_dict(), topt.state_dict())
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(
     "name, kwargs",
@@ -611,6 +613,7 @@ def _train_step(model, opt, x, y):
     return loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, kwargs, schedule",
     [
@@ -732,6 +735,7 @@ def test_hyperparameters_changed_inside_a_compiled_step_raise():
         step2(model, opt, jnp.ones(3))
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", ["SGD", "AdamW", "Adafactor"])

@@ -385,12 +385,14 @@ def _train(name, options, groups, change, *, bias=True):
         _assert_matches(topt, tm, jopts, [eager, compiled])
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("name, options, groups, change", CASES, ids=IDS)
 def test_maximize_and_weight_decay_per_group_match_torch_float64(name, options, groups, change):
     _train(name, options, groups, change)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_muon_decoupled_weight_decay_per_group_matches_torch_float64():
     _train(
@@ -406,6 +408,7 @@ def _embedding_loss(a, b, idx, w):
     return (a(idx) * w).sum() + (b(idx) ** 2).mean()
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_sparse_adam_maximize_per_group_matches_torch_float64():
     torch.manual_seed(1)

@@ -114,12 +114,14 @@ def _run(name: str, kwargs: dict, schedule=None):
                 np.testing.assert_allclose(jv, tv.numpy(), rtol=TOL, atol=TOL, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_float64_training_matches_torch_float64(name, kwargs):
     _run(name, kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("case", list(SCHEDULES))
 def test_float64_scheduled_training_matches_torch_float64(case):

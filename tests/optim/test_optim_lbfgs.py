@@ -92,6 +92,7 @@ OPTIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("kwargs", OPTIONS, ids=["fixed-step", "strong_wolfe"])
 def test_float64_steps_match_torch(kwargs):
@@ -114,6 +115,7 @@ def test_float64_steps_match_torch(kwargs):
         _assert_state(jopt, topt, 1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("line_search_fn", [None, "strong_wolfe"])
 def test_float32_step_and_loss_only_closure_match_torch(line_search_fn):

@@ -79,6 +79,7 @@ def _step_both(tp, topt, jp, jopt, grads):
 SKIPS = [set(), set(), {1}, {0, 4}, set(), {3}, set()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_packed_steps_match_torch_when_parameters_skip_steps(name, kwargs):
     tp, topt, jp, jopt = _setup(name, kwargs)
@@ -99,6 +100,7 @@ def _compiled_step(opt, grads):
     opt.step()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_packed_compiled_steps_match_torch(name, kwargs):
     tp, topt, jp, jopt = _setup(name, kwargs, seed=2)
@@ -113,6 +115,7 @@ def test_packed_compiled_steps_match_torch(name, kwargs):
     assert all(isinstance(jopt.state[p], PackedState) for p in jp[:4])
 
 
+@pytest.mark.slow
 def test_packed_state_is_a_live_view_like_torchs_dict():
     tp, topt, jp, jopt = _setup("Adam", {"lr": 0.05})
     rng = np.random.default_rng(4)
@@ -152,6 +155,7 @@ def test_packed_state_is_a_live_view_like_torchs_dict():
         del view["exp_avg"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_packed_state_dicts_interchange_with_torch(name, kwargs):
     tp, topt, jp, jopt = _setup(name, kwargs, seed=5)
@@ -209,6 +213,7 @@ def test_options_changed_between_steps_repack_and_follow_torch():
     assert all(isinstance(jopt.state[p], PackedState) for p in jp[:4])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kwargs", CASES, ids=IDS)
 def test_a_scalar_parameter_packs_with_vectors(name, kwargs):
     """A 0-d parameter first in its group: its elementwise state is still elementwise."""

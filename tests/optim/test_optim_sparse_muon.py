@@ -110,6 +110,7 @@ def _lookups(dtype, steps=10):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs", SPARSE_CASES, ids=lambda kw: str(kw) or "defaults")
 @pytest.mark.parametrize("x64", [False, True], ids=["float32", "float64"])
 def test_sparse_adam_follows_torch_sparse_embedding(kwargs, x64):
@@ -207,6 +208,7 @@ def _mlp_loss(model, x, y):
     return ((model(x) - y) ** 2).mean()
 
 
+@pytest.mark.slow
 def test_muon_float64_training_matches_torch_eager_and_compiled():
     """With CyclicLR cycling lr and momentum (and so ``1 - momentum``) every step."""
     with jax.enable_x64(True):

@@ -51,6 +51,7 @@ def _assert_close(tp, jp, tol=TOL):
         np.testing.assert_allclose(np.asarray(j.data), _np(t), rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_adafactor_factors_every_rank_like_torch(compiled):
     """A group of a 3-D, a 2-D, a vector and a scalar parameter: row/col factors or variance."""
@@ -80,6 +81,7 @@ def test_adafactor_factors_every_rank_like_torch(compiled):
         _assert_close(tp, jp2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, kwargs",
     [

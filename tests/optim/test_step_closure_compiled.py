@@ -106,6 +106,7 @@ def _assert_same(tm, jmod, tl, jl, tol):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("warm", [False, True], ids=["first-traced-in-step", "traced-before"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -137,6 +138,7 @@ def test_sgd_step_with_a_compiled_closure_trains_like_torch(kind, warm):
         assert jm.compile_stats(compiled).num_traces == traces <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_issue_repro_moves_the_weights_every_call_in_float32():
     tm, jmod, x, y = _setup(seed=3, dtype=torch.float32, net=lambda nn: nn.Linear(3, 1))
@@ -160,6 +162,7 @@ LBFGS_OPTIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("kwargs", LBFGS_OPTIONS, ids=["fixed-step", "strong_wolfe"])

@@ -90,6 +90,7 @@ def _assert_state_dicts(jsd, tsd):
         np.testing.assert_allclose(jv, tv.numpy(), rtol=TOL, atol=TOL, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("case", list(AVERAGERS))

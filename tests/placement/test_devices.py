@@ -160,6 +160,7 @@ def test_double_without_x64_explains_how_to_enable_it():
     assert model.weight.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_with_x64_double_works_and_counters_are_int64():
     script = textwrap.dedent(
         """

@@ -118,6 +118,7 @@ print(repr({name: sorted(before[name]) for name in classes}))
 """
 
 
+@pytest.mark.slow
 def test_importing_jmodule_changes_only_what_array_patches_adds():
     out = subprocess.run(
         [sys.executable, "-c", _SNAPSHOT], capture_output=True, text=True, timeout=300

@@ -167,6 +167,7 @@ def eight_device_results(tmp_path_factory):
     return json.loads(report.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROMPTS)
 def test_docstring_examples(name, request):
     if _needs_eight_devices(name):

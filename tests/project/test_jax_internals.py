@@ -72,6 +72,7 @@ def _private_uses(source: str) -> list[tuple[int, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_only_the_one_module_imports_jax_src():
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
@@ -353,6 +354,7 @@ def _two_device_error() -> tuple[str, str]:
     return kind, text
 
 
+@pytest.mark.slow
 def test_the_incompatible_devices_text_matches_jaxs_error():
     kind, text = _two_device_error()
     assert kind == "ValueError"

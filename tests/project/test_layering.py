@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax.numpy as jnp
+import pytest
 from _paths import PACKAGE
 
 import jmodule as jm
@@ -270,6 +271,7 @@ def test_lowering_imports_nothing_from_nn():
     assert not problems, "\n\n".join(problems)
 
 
+@pytest.mark.slow
 def test_allow_lists_hold_only_what_is_still_needed():
     imports = {(imp.importer, imp.target) for imp in IMPORTS}
     for entry in sorted(ALLOWED_IMPORTS):
@@ -297,6 +299,7 @@ def test_the_graph_sees_function_level_and_package_imports():
     ]
 
 
+@pytest.mark.slow
 def test_no_module_level_name_shadows_a_builtin():
     found = [
         f"{MODULES[m].relative_to(PACKAGE.parent)}:{line}: {name}"

@@ -41,6 +41,7 @@ def test_notebook_is_built_from_its_source(source):
     ], f"notebooks/{source.stem}.ipynb is out of date: run python notebooks/build.py {source.stem}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path):
     nb = nbformat.read(path, as_version=4)

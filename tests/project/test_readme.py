@@ -2,9 +2,11 @@
 
 import re
 
+import pytest
 from _paths import ROOT
 
 
+@pytest.mark.slow
 def test_readme_python_blocks_run():
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)

@@ -69,6 +69,7 @@ def test_the_stand_in_names_torch_at_import_and_raises_on_use():
         Ref()
 
 
+@pytest.mark.slow
 def test_without_torch_marked_modules_are_not_imported_and_marked_tests_are_deselected():
     env = dict(os.environ, JMODULE_TEST_WITHOUT_TORCH="1")
     out = subprocess.run(

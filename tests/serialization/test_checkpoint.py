@@ -177,6 +177,7 @@ def test_restore_picks_the_latest_complete_step(tmp_path):
 
 
 # A failed Orbax read can leave its other reads in flight (see test_serialization_corrupt.py).
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_corrupted_latest_step_raises_instead_of_falling_back(tmp_path):
     with CheckpointManager(tmp_path, async_=False) as manager:

@@ -53,6 +53,7 @@ def _not_writable(out: dict, where: Path) -> None:
     assert str(where) in out["message"] and "save to a writable directory" in out["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_read_only_directory_with_leftovers_restores_and_refuses_saves(tmp_path, mode):
     leftovers = _readonly_fixture(tmp_path)
@@ -87,6 +88,7 @@ def _disk_full(out: dict, where: Path, cause: str) -> None:
     assert out["needed"] > 0 and out["free"] <= _disk_faults.FULL_BYTES, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_full_disk_raises_disk_full_error_from_every_writer_and_leaves_nothing(tmp_path, mode):
     out = _disk_faults.run("full", tmp_path, fake=mode == "faked")

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _save_races
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["end", "exit", "raise"])
 def test_the_last_background_save_is_on_disk_after_exit(tmp_path, how):
     out = _save_races.exit_trial(tmp_path / "ckpt", how)
@@ -33,6 +34,7 @@ def test_the_last_background_save_is_on_disk_after_exit(tmp_path, how):
     assert "jm.checkpoint" not in out.stderr  # nothing failed
 
 
+@pytest.mark.slow
 def test_a_background_save_failing_at_exit_is_reported_and_the_exit_status_is_1(tmp_path):
     out = _save_races.exit_trial(tmp_path / "ckpt", "fail")
     assert out.returncode == 1
@@ -42,6 +44,7 @@ def test_a_background_save_failing_at_exit_is_reported_and_the_exit_status_is_1(
     assert out.steps == [1, 2] and out.leftovers == []
 
 
+@pytest.mark.slow
 def test_a_forked_child_does_not_wait_for_its_parents_saves(tmp_path):
     # The child has none of the parent's threads: waiting for their saves would hang it.
     script = textwrap.dedent(
@@ -79,6 +82,7 @@ def test_a_forked_child_does_not_wait_for_its_parents_saves(tmp_path):
     assert proc.stdout.strip() == "7"
 
 
+@pytest.mark.slow
 def test_saves_and_loads_in_an_atexit_handler_work(tmp_path):
     # By then concurrent.futures takes no new work on any Python, and Python 3.12 starts no
     # new thread: saving falls back to the calling thread (jmodule/serialization/_threads.py).

@@ -24,6 +24,7 @@ def outcomes(tmp_path_factory):
     return _ckpt_kill.run(TRIALS, MB, tmp_path_factory.mktemp("kill"), seed=1)
 
 
+@pytest.mark.slow
 def test_every_checkpoint_that_loads_is_complete_and_nothing_complete_is_lost(outcomes):
     problems = [(o.mode, o.die_at, p) for o in outcomes for p in o.problems]
     assert problems == [], _ckpt_kill.summary(outcomes)

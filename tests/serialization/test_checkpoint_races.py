@@ -115,6 +115,7 @@ def test_two_threads_overwriting_both_succeed(tmp_path):
         assert out.leftovers == []
 
 
+@pytest.mark.slow
 def test_two_managers_in_two_processes_never_both_save_a_step(tmp_path):
     for out in _save_races.manager_race(tmp_path, ("sync", "async"), steps=12):
         assert out.both_ok == [] and out.none_ok == [], out
@@ -212,6 +213,7 @@ def test_a_corrupt_checkpoint_that_nobody_replaces_is_read_once(tmp_path, monkey
     assert calls == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_loads_while_another_saver_overwrites_see_whole_checkpoints_in_order(tmp_path, process):
     out = _save_races.load_race(tmp_path, saves=16, process=process)

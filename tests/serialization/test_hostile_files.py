@@ -105,6 +105,7 @@ def _bounded(cases: list[tuple[str, str, Path]], timeout: float = 120.0) -> dict
 # ------------------------------------------------------------------ item 3: small files, big loads
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_pickle_dag_loads_shared_instead_of_expanding(tmp_path):
     # torch.save pickles shared lists once, through the memo: 2**30 paths in ~1 KB.
@@ -330,6 +331,7 @@ def _replace(path: Path, kind: str) -> None:
         path.mkdir()
 
 
+@pytest.mark.slow
 def test_special_files_are_refused_before_reading(tmp_path):
     cases, offender = [], {}  # offender: the special file each message must name
     for kind in ("fifo", "zero", "dir"):

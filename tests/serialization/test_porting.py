@@ -150,6 +150,7 @@ def test_a_jm_state_dict_carries_versions_that_torch_honours():
     np.testing.assert_array_equal(np.asarray(ours[1].running_var), jnp.ones(2))
 
 
+@pytest.mark.slow
 def test_the_readme_worked_port_runs_both_ways(tmp_path, monkeypatch):
     """README "Porting from PyTorch": the PyTorch code and its port both run, and the
     port's weights, saved by jm, give the PyTorch model the port's outputs."""

@@ -154,6 +154,7 @@ def test_parameters_and_a_models_state_dict_load_into_torch(tmp_path):
     assert int(ref[1].num_batches_tracked) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_resnet_saved_by_jm_runs_in_torch_with_the_same_outputs(tmp_path):
     jm.manual_seed(1)
@@ -215,6 +216,7 @@ def test_views_torch_writes_still_load(tmp_path):
         np.testing.assert_array_equal(again[k].numpy(), v.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_written_without_importing_torch(tmp_path):
     code = (
@@ -313,6 +315,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("delay", [0.3, 1.1])
 def test_a_save_killed_at_any_moment_leaves_old_or_new_never_partial(tmp_path, delay):
@@ -354,6 +357,7 @@ def test_a_nesting_torch_reads_is_kept(tmp_path):
     assert got == []
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_training_checkpoint_resumes_in_torch(tmp_path):
     """model + optimizer + epoch in one .pt: torch's model and AdamW load it and take the

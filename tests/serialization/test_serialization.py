@@ -193,6 +193,7 @@ def _run_subprocess(code: str, **env) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_x64_mode_keeps_int64_and_a_sharding_is_restored_onto_directly(tmp_path):
     import torch

@@ -364,6 +364,7 @@ def test_zip_with_a_data_record_of_the_wrong_size(torch_files, tmp_path):
     assert str(target) in str(info.value)
 
 
+@pytest.mark.slow
 def test_garbage_pickles_are_refused_cleanly(tmp_path):
     cases = {
         "truncated.pt": b"\x80\x02}q\x00(X\x01",
@@ -388,6 +389,7 @@ def test_zip_without_data_pkl(tmp_path):
         jms.load(path)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -179,6 +179,7 @@ def test_checksums_of_each_algorithm_match_their_library():
     assert _checksum.algorithm_of("per shard") is None
 
 
+@pytest.mark.slow
 def test_overwrite_deletes_the_old_checkpoint_and_a_normal_exit_leaves_nothing(tmp_path):
     path = tmp_path / "c"
     jms.save(_state(1), path)
@@ -200,6 +201,7 @@ def test_overwrite_deletes_the_old_checkpoint_and_a_normal_exit_leaves_nothing(t
     assert _same(jms.load(path)["w"], jnp.arange(3000.0))
 
 
+@pytest.mark.slow
 def test_sharded_saves_and_loads_onto_any_placement_are_verified(tmp_path):
     code = textwrap.dedent(
         f"""

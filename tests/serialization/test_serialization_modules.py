@@ -65,6 +65,7 @@ def test_jm_checkpoint_round_trip_into_a_fresh_model(tmp_path):
     np.testing.assert_array_equal(_outputs(target), _outputs(source))
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("fmt", ["zip", "legacy", "safetensors"])
 def test_pytorch_weights_load_into_the_jm_model_and_match_torch(tmp_path, fmt):

@@ -245,6 +245,7 @@ def test_torchscript_archives_are_named(tmp_path):
         jms.load(path)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_reading_needs_no_torch(tmp_path):
     t = {"w": torch.randn(3, 2).t(), "b": torch.ones(2).bfloat16()}

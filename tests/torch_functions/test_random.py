@@ -78,6 +78,7 @@ def test_default_generator_key_is_a_plain_array():
 SHAPES = [(), (0,), (1,), (7,), (1024,), (1025,), (3, 5), (65, 64), (2, 3, 4, 5), (300, 301)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_elementwise_inits_equal_a_direct_draw_of_the_shape(shape, dtype):
@@ -110,6 +111,7 @@ def test_elementwise_inits_equal_a_direct_draw_of_the_shape(shape, dtype):
     np.testing.assert_array_equal(np.asarray(p.data, np.float32), np.full(shape, 0.25))
 
 
+@pytest.mark.slow
 def test_building_a_model_of_many_shapes_compiles_one_random_program_per_bucket():
     init._flat_program.cache_clear()
     widths = range(64, 84)

@@ -188,6 +188,7 @@ def test_a_method_on_a_tensor_is_torch_s(name, args):
     _same(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_size_shape_and_the_attributes_ported_code_reads():
     t, j = _pair()
@@ -280,6 +281,7 @@ def test_in_place_on_a_view_raises_where_torch_would_change_the_base_too():
     np.testing.assert_allclose(np.asarray(j), X)  # unchanged, as torch's base
 
 
+@pytest.mark.slow
 def test_layers_torch_functions_and_operators_keep_tensors():
     x = jm.Tensor(jnp.asarray(X))
     w = nn.Parameter(jnp.ones(4))
@@ -350,6 +352,7 @@ class _TorchishBlock:
         return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
 
 
+@pytest.mark.slow
 def test_tensor_code_traces_to_the_same_program_as_plain_array_code():
     qkv = nn.Linear(4, 12)
 
@@ -526,6 +529,7 @@ def test_a_value_assigned_out_of_a_compiled_backward_says_has_aux():
         step(lin, jnp.asarray(X[0]))
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_an_rnn_loop_carrying_hidden_matches_torch_float64():
     """word_language_model's loop: hidden carried (detached) across steps, manual SGD."""
@@ -610,6 +614,7 @@ def test_a_tensor_argument_traces_once_with_a_reason_that_says_so():
     assert stats.reasons[1].endswith("changed: a jax.Array -> a jm.Tensor")
 
 
+@pytest.mark.slow
 def test_a_torch_style_model_traced_with_tensors_saves_and_loads(tmp_path):
     class Model(nn.Module):
         def __init__(self):

@@ -904,6 +904,7 @@ def test_inside_jm_compile_with_a_module_and_parameters() -> None:
         assert_same(canon(expected), canon(compiled(model, jnp.asarray(X34))), case, "step")
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_parameters_are_read_so_gradients_flow() -> None:
     """A Parameter passed to jm functions inside jm.backward gets torch's gradient."""
@@ -1005,6 +1006,7 @@ def test_random_shapes_and_dtypes_match_torch(name: str, draw: Callable) -> None
     assert _dtype_name(j) == _dtype_name(t)
 
 
+@pytest.mark.slow
 def test_random_distributions() -> None:
     """Fixed seeds, statistics within a few standard errors (JAX's streams differ from
     torch's, so values are not compared to torch's)."""
@@ -1189,6 +1191,7 @@ def test_accepts_parameters_numpy_and_scalars() -> None:
     assert jm.exp(1.0).dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_with_x64_int64_results_are_int64() -> None:
     script = textwrap.dedent(
         """

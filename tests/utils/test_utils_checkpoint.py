@@ -62,6 +62,7 @@ def _assert_same_run(a, b):
     np.testing.assert_array_equal(np.asarray(a[3]), np.asarray(b[3]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "wrap",
     [
@@ -83,6 +84,7 @@ def test_eager_same_as_without(wrap):
         _assert_same_run(_eager_run(wrap, jnp.float64), _eager_run(lambda b, x: b(x), jnp.float64))
 
 
+@pytest.mark.slow
 def test_dropout_recompute_sees_forward_draws():
     """The backward recomputation replays the forward's dropout mask (grads match the mask)."""
     jm.manual_seed(3)
@@ -127,6 +129,7 @@ def _compiled_run(ck: bool, policy=None, steps: int = 3, dtype=jnp.float32):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "policy", [None, "dots_saveable", jax.checkpoint_policies.nothing_saveable]
 )
@@ -181,6 +184,7 @@ def _jm_mlp(t):
     return m
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_against_torch_checkpoint():
     """Outputs and parameter/input gradients equal torch.utils.checkpoint's (non-reentrant)."""
@@ -199,6 +203,7 @@ def test_against_torch_checkpoint():
         _close(pj.grad, pt.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_checkpoint_sequential_against_torch():
     """checkpoint_sequential chunks as torch does (the last chunk unchecked): same values/grads."""
@@ -217,6 +222,7 @@ def test_checkpoint_sequential_against_torch():
         _close(pj.grad, pt.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_policy_by_name_equals_policy_object():
     a = _eager_run(lambda b, x: checkpoint(b, x, use_reentrant=False, policy="dots_saveable"))
     b = _eager_run(
@@ -307,6 +313,7 @@ def test_buffer_of_a_module_not_held_raises_compiled():
     _close(_GLOBAL_BN.running_mean, jnp.zeros(4))
 
 
+@pytest.mark.slow
 def test_nested_checkpoint_and_outputs_pytree():
     lin = jm.nn.Linear(4, 4)
 
@@ -358,6 +365,7 @@ def _lowered_step(ck: bool):
     return step.lower(model, opt, jnp.ones((8, 32, 16)))
 
 
+@pytest.mark.slow
 def test_compiled_step_recomputes_each_block():
     """The program handed to XLA recomputes every checkpointed block in the backward pass.
 

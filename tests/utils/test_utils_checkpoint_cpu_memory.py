@@ -72,6 +72,7 @@ def _forward_with_policy(model, x, policy):
     return model.head(x)
 
 
+@pytest.mark.slow
 def test_24_block_training_step_temp_memory_at_most_a_third():
     """The issue's figure: every block checkpointed, XLA's temporary memory of the
     compiled step (zero_grad, jm.backward, Adam) <= 1/3 of the step without."""
@@ -80,6 +81,7 @@ def test_24_block_training_step_temp_memory_at_most_a_third():
     assert checkpointed <= plain / 3, (checkpointed, plain, checkpointed / plain)
 
 
+@pytest.mark.slow
 def test_policy_saving_everything_is_honoured():
     """The policy still decides what is saved: everything_saveable keeps the
     activations (several times the memory of the default, which saves nothing)."""
@@ -172,6 +174,7 @@ def _jm_run(ck: bool, compiled: bool):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_float64_values_and_gradients_equal_plain_and_torch(compiled):
@@ -203,6 +206,7 @@ def _functional_loss(ck: bool):
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "transform",
     [

@@ -35,6 +35,7 @@ def _data(shape, dtype=np.float64, seed=0):
     return x, w, b, cot
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 4), (2, 3, 4, 3, 2)])
 @pytest.mark.parametrize("affine", [True, False])
 def test_gradients_and_second_derivatives_equal_torch_in_float64(x64, shape, affine):
@@ -83,6 +84,7 @@ def test_forward_mode_of_the_output(x64):
     np.testing.assert_allclose(np.asarray(primal[0]), torch_out.numpy(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_batchnorm_module_training_steps_match_torch(x64, compiled):
     torch.manual_seed(0)

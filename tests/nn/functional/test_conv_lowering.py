@@ -63,6 +63,7 @@ def _matmul(case, x, w):
     return lowering.conv_matmul(x, w, stride, pads, dilation, groups)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}d-{c[4]}-k{c[5]}-s{c[6]}-g{c[9]}")
 def test_matmul_form_equals_lax_conv_values_and_gradients(case):
     x, w = _operands(case)
@@ -118,6 +119,7 @@ def test_the_rule_picks_matmul_for_small_maps_on_the_cpu_only():
         assert not lowering.use_matmul((1, 1), backend)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_conv_layers_on_small_maps_match_torch(compiled):
@@ -145,6 +147,7 @@ def test_conv_layers_on_small_maps_match_torch(compiled):
         np.testing.assert_allclose(ours.bias.grad, ref.bias.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_every_small_resnet_shape_agrees_with_lax():
     """The ResNet-18 convolutions the rule sends to the matmul form (batch 2, 64x64 input)."""
     shapes = [  # c_in, c_out, input side, kernel, stride, padding
@@ -165,6 +168,7 @@ def test_every_small_resnet_shape_agrees_with_lax():
         np.testing.assert_allclose(_matmul(case, x, w), _lax(case, x, w), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_output_size_matches_lax_for_many_configurations():
     for spatial, k, s, p, d in itertools.product([3, 5, 8], [1, 2, 3], [1, 2], [0, 1, 2], [1, 2]):
         if spatial + 2 * p < d * (k - 1) + 1:

@@ -58,6 +58,7 @@ def test_pad_constant_value_and_any_rank():
     same(F.pad(jnp.asarray(x), pad, value=2.5), TF.pad(torch.from_numpy(x), pad, value=2.5))
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_pad_gradients_match():
     x = torch.from_numpy(X4).requires_grad_(True)
@@ -94,6 +95,7 @@ def test_pad_errors(args, kwargs, error, match):
 # ----------------------------------------------------------------------------- interpolate
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bicubic", "area"])
 @pytest.mark.parametrize(
@@ -338,6 +340,7 @@ def test_functional_norms_match():
 # ----------------------------------------------------------------------------- embedding, misc
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_embedding_max_norm_on_a_plain_array():
     table = RNG.standard_normal((6, 4)).astype(np.float32) * 2

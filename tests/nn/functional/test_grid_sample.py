@@ -81,6 +81,7 @@ def test_nearest_rounds_half_to_even():
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize(

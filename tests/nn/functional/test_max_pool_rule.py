@@ -50,6 +50,7 @@ def _torch(nd, x, kwargs):
     return out.detach().numpy(), idx.numpy(), xt.grad.numpy(), cot
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("nd", "kwargs"), CONFIGS)
 @pytest.mark.parametrize("seed", [0, 1])
@@ -69,6 +70,7 @@ def test_values_indices_and_gradients_match_torch(nd, kwargs, seed):
     np.testing.assert_allclose(np.asarray(jax.jit(grad)(jnp.asarray(x))), want_grad, **close)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("nd", "kwargs"), CONFIGS)
 def test_forward_mode_agrees_with_reverse_mode(nd, kwargs):
     # The pool is a gather of the winners; jax.jvp,
@@ -151,6 +153,7 @@ def _other_path_input(fn: str, nd: int, seed: int) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("fn", "nd", "kwargs"), OTHER_PATHS)
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -45,6 +45,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_distance_module_matches_pytorch(check, case):
@@ -67,6 +68,7 @@ def _grad_pair(torch_fn, jm_fn, *arrays):
     return [np.asarray(g) for g in grads], [leaf.grad.numpy() for leaf in leaves]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_pairwise_distance_every_norm_matches_torch():
     for p in [*_P, -1, -math.inf]:

@@ -67,6 +67,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_attention_matches_pytorch(check, case):

@@ -30,6 +30,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_layer_matches_pytorch(check, case):
     ALL_CHECKS[check](case)

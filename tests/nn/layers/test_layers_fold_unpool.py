@@ -65,6 +65,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_fold_unpool_layers_match_pytorch(check, case):
@@ -136,6 +137,7 @@ LP_ARGS = [  # (nd, shape, norm_type, kernel_size, stride, ceil_mode); inputs ha
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("nd", "shape", "p", "k", "s", "ceil"), LP_ARGS)
 def test_lp_pool_functional(nd, shape, p, k, s, ceil):

@@ -56,6 +56,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_norm_matches_pytorch(check, case):

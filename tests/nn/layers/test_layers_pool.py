@@ -48,6 +48,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_pool_matches_pytorch(check, case):

@@ -141,6 +141,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_loss_matches_pytorch(check, case):
     ALL_CHECKS[check](case)
@@ -294,6 +295,7 @@ def test_ctc_gradients_through_log_softmax_match_torch(reduction):
     np.testing.assert_allclose(np.asarray(grad), leaf.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_ctc_concatenated_targets_impossible_alignments_and_zero_infinity_match_torch():
     logits, targets, in_len, _ = _ctc_case(1)
     lp = logits.log_softmax(-1)

@@ -142,6 +142,7 @@ CASES = [
 VALUES, IDS = parametrize(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("check", "case"), VALUES, ids=IDS)
 def test_loss_matches_pytorch(check, case):
@@ -218,6 +219,7 @@ def test_options_match_torch():
     _compare("multilabel_soft_margin_loss", (_X, _LABELS), {"weight": weight[:, None][:3]})
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_unbatched_and_broadcast_inputs_match_torch():
     _compare("multi_margin_loss", (_X[0], np.array(2)), {"reduction": "none"})
@@ -243,6 +245,7 @@ def test_unbatched_and_broadcast_inputs_match_torch():
     _compare("triplet_margin_with_distance_loss", (_X[0], _Y[0], _VAR[0]), {"reduction": "none"})
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_gradients_of_the_functional_losses_match_torch():
     cases = [
