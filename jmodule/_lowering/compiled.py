@@ -151,7 +151,7 @@ def _plan_for(
                 names.append(prefix + name)
                 cells.append(cell)
         named_modules += [(prefix + p if p else prefix.rstrip("."), m) for p, m in d.named_modules]
-    fills = _none_buffers(named_modules, slots, names, cells, seen)
+    fills = _none_buffers(descs, slots, names, cells, seen)
     one_device = _one_device(slots)
     groups: list[_program.Group] = []
     if with_grads and one_device:
@@ -185,7 +185,7 @@ def _plan_for(
 
 
 def _none_buffers(
-    named_modules: Sequence[tuple[str, Any]], slots: list, names: list, cells: list, seen: set
+    descs: Sequence[structure.Description], slots: list, names: list, cells: list, seen: set
 ) -> tuple[tuple[Any, Any], ...]:
     """Add a slot for each buffer registered as None (``register_buffer("mask", None)``).
 
@@ -193,23 +193,26 @@ def _none_buffers(
     in ``forward``, as PyTorch allows): the write comes back as the slot's new value.
     Giving the buffer a value changes the module's structure (``write_back`` touches
     it: ``Plan.fills``), so the next call describes it again and traces once more, with
-    the buffer as ordinary state. These slots are the plan's only:
-    :func:`structure.describe` lists state that has values (what ``jm.jit`` exports and
-    sharding places).
+    the buffer as ordinary state. The descriptions keep these slots apart
+    (``Description.none_slots``): their other slots are state that has values (what
+    ``jm.jit`` exports and sharding places).
 
     Returns:
         ``(slot, module)`` of each slot added.
     """
     fills = []
-    for path, m in named_modules:
-        buffers = m.__dict__["_buffers"]
-        for name, b in buffers.items():
-            if b is None and (id(buffers), name) not in seen:
-                seen.add((id(buffers), name))
-                slots.append((buffers, name))
-                names.append(f"{path}.{name}" if path else name)
+    for i, d in enumerate(descs):
+        if not d.none_slots:
+            continue
+        prefix = "" if len(descs) == 1 else f"[{i}]."
+        owner = {id(m.__dict__["_buffers"]): m for _, m in d.named_modules}
+        for slot, name in zip(d.none_slots, d.none_names):
+            if (id(slot[0]), slot[1]) not in seen:
+                seen.add((id(slot[0]), slot[1]))
+                slots.append(slot)
+                names.append(prefix + name)
                 cells.append(None)
-                fills.append(((buffers, name), m))
+                fills.append((slot, owner[id(slot[0])]))
     return tuple(fills)
 
 

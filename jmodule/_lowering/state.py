@@ -599,13 +599,13 @@ class TreeState:
 
     ``slots[i]`` is named ``names[i]``: parameters and buffers first (in
     ``state_dict`` order, tied parameters once), then the ``.grad`` of every
-    parameter when asked for, then the RNG key when a generator was given;
-    ``kinds`` tells them apart.
+    parameter when asked for, then the buffers registered as None when asked
+    for, then the RNG key when a generator was given; ``kinds`` tells them apart.
     """
 
     slots: tuple[Slot, ...]
     names: tuple[str, ...]
-    #: Per slot: "param", "buffer", "grad" or "rng".
+    #: Per slot: "param", "buffer", "grad", "none" or "rng".
     kinds: tuple[str, ...]
     #: The parameters, in slot order (each once).
     params: tuple[Any, ...]
@@ -615,19 +615,26 @@ class TreeState:
     aliases: dict[str, Slot] | None = None
 
 
-def _walk(module: Any, path: str, memo: set[int], recurse: bool) -> Iterator[tuple[str, Any]]:
-    """``named_modules()`` order (self first, depth first), linking each child to its parent."""
+def _walk(
+    module: Any, path: str, memo: set[int], recurse: bool, again: bool = False
+) -> Iterator[tuple[str, Any, bool]]:
+    """``named_modules()`` order (self first, depth first), linking each child to its parent.
+
+    Yields ``(path, module, first)``; with ``again``, a module met again (shared) is
+    yielded once per path with ``first`` False (``named_modules(remove_duplicate=False)``).
+    """
+    first = id(module) not in memo
     memo.add(id(module))
-    yield path, module
+    yield path, module, first
     if not recurse:
         return
     for name, child in module.__dict__["_modules"].items():
         if child is None:
             continue
         link(child, module)
-        if id(child) in memo:
+        if id(child) in memo and not again:
             continue
-        yield from _walk(child, f"{path}.{name}" if path else name, memo, True)
+        yield from _walk(child, f"{path}.{name}" if path else name, memo, True, again)
 
 
 def tree_slots(
@@ -638,6 +645,7 @@ def tree_slots(
     aliases: bool = False,
     prefixes: Sequence[str] | None = None,
     recurse: bool = True,
+    nones: bool = False,
 ) -> TreeState:
     """Enumerate the state slots of one module tree (or several), each slot once.
 
@@ -653,6 +661,8 @@ def tree_slots(
         prefixes: a name prefix per root, ending in ``.`` (default: none for
             one root, ``"[i]."`` for several).
         recurse: also the descendants of the roots (not only their own state).
+        nones: also list the buffers registered as None (kind "none", after the
+            ``.grad`` slots): a compiled program may give them a value.
     """
     many = isinstance(roots, (list, tuple))
     roots = tuple(roots) if many else (roots,)
@@ -666,13 +676,24 @@ def tree_slots(
     memo: set[int] = set()
     named: list[tuple[str, Any]] = []
     every: dict[str, Slot] | None = {} if aliases else None
+    shared: dict[str, Slot] = {}  # names through a module met again, after the others
+    empty: list[tuple[Slot, str]] = []
     for root, prefix in zip(roots, prefixes):
         top = prefix.rstrip(".")
-        for path, m in _walk(root, "", memo, recurse):
+        for path, m, first in _walk(root, "", memo, recurse, again=aliases):
             full = prefix + path if path else top
-            named.append((full, m))
             dot = full + "." if full else ""
             d = m.__dict__
+            buffers = d["_buffers"]
+            if not first:
+                for name, p in d["_parameters"].items():
+                    if p is not None:
+                        shared.setdefault(dot + name, (p.__dict__, "_value"))
+                for name, b in buffers.items():
+                    if b is not None:
+                        shared.setdefault(dot + name, (buffers, name))
+                continue
+            named.append((full, m))
             for name, p in d["_parameters"].items():
                 if p is None:
                     continue
@@ -686,9 +707,10 @@ def tree_slots(
                     names.append(dot + name)
                     kinds.append("param")
                     params.append(p)
-            buffers = d["_buffers"]
             for name, b in buffers.items():
                 if b is None:
+                    if nones:
+                        empty.append(((buffers, name), dot + name))
                     continue
                 slot = (buffers, name)
                 if every is not None:
@@ -696,21 +718,18 @@ def tree_slots(
                 slots.append(slot)
                 names.append(dot + name)
                 kinds.append("buffer")
-        if every is not None:  # shared submodules: their names too
-            for path, m in root.named_modules(remove_duplicate=False):
-                full = prefix + path if path else top
-                dot = full + "." if full else ""
-                for name, p in m.__dict__["_parameters"].items():
-                    if p is not None:
-                        every.setdefault(dot + name, (p.__dict__, "_value"))
-                for name, b in m.__dict__["_buffers"].items():
-                    if b is not None:
-                        every.setdefault(dot + name, (m.__dict__["_buffers"], name))
+    if every is not None:
+        for name, slot in shared.items():
+            every.setdefault(name, slot)
     if grads:
         for p, name in zip(params, [n for n, k in zip(names, kinds) if k == "param"]):
             slots.append((p.__dict__, "grad"))
             names.append(name + ".grad")
             kinds.append("grad")
+    for slot, name in empty:
+        slots.append(slot)
+        names.append(name)
+        kinds.append("none")
     if rng is not None:
         slots.append(rng_slot(rng))
         names.append(RNG_NAME)

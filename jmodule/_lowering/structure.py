@@ -49,6 +49,11 @@ class Description:
     #: compute gradients (``jm.compile``); a plain forward never touches them.
     grad_slots: tuple[Slot, ...] = ()
     grad_names: tuple[str, ...] = ()
+    #: The buffers registered as None (``register_buffer("mask", None)``): no state (what
+    #: ``jm.jit`` exports and sharding places has values), but a compiled program may
+    #: give them one (``compiled._plan_for``).
+    none_slots: tuple[Slot, ...] = ()
+    none_names: tuple[str, ...] = ()
     #: Per slot in ``slots``: the Parameter whose value it holds, or None.
     cells: tuple[Any, ...] = ()
     #: The version of the described object this description is valid for.
@@ -61,7 +66,7 @@ def describe(root: Any) -> Description:
     cached = d.get("_jm_desc")
     if cached is not None and cached.version == d.get("_jm_version", 0):
         return cached
-    tree = state.tree_slots(root, grads=True)
+    tree = state.tree_slots(root, grads=True, nones=True)
     infos: dict[str, ModuleInfo] = {}
     for path, m in tree.named_modules:
         md = m.__dict__
@@ -82,17 +87,28 @@ def describe(root: Any) -> Description:
             ),
             children=tuple(k for k, v in md["_modules"].items() if v is not None),
         )
-    n = len(tree.slots) - len(tree.params)  # the grad slots come last
+
+    def of(*kinds: str) -> tuple[tuple[Slot, ...], tuple[str, ...]]:
+        picked = [i for i, k in enumerate(tree.kinds) if k in kinds]
+        return tuple(tree.slots[i] for i in picked), tuple(tree.names[i] for i in picked)
+
+    slots, names = of("param", "buffer")
+    grad_slots, grad_names = of("grad")
+    none_slots, none_names = of("none")
     params = iter(tree.params)
     desc = Description(
         key=tuple(infos.items()),
         infos=infos,
-        slots=tree.slots[:n],
-        names=tree.names[:n],
+        slots=slots,
+        names=names,
         named_modules=tree.named_modules,
-        grad_slots=tree.slots[n:],
-        grad_names=tree.names[n:],
-        cells=tuple(next(params) if k == "param" else None for k in tree.kinds[:n]),
+        grad_slots=grad_slots,
+        grad_names=grad_names,
+        none_slots=none_slots,
+        none_names=none_names,
+        cells=tuple(
+            next(params) if k == "param" else None for k in tree.kinds if k in ("param", "buffer")
+        ),
         # Read after the walk: enumerating may link parameters, never touch them.
         version=d.get("_jm_version", 0),
     )
