@@ -277,8 +277,9 @@ def _commit(slots: Sequence[Any]) -> tuple[_program.Committed, ...]:
     done = []
     for c, k in slots:
         v = c.get(k)
-        if type(v) is _ArrayImpl and not v.committed and not v.is_deleted():
-            c[k] = placed = jax.device_put(v, next(iter(v.devices())))
+        placed = state.committed(v)
+        if placed is not v:
+            c[k] = placed
             done.append(_program.Committed(c, k, v, weakref.ref(placed)))
     return tuple(done)
 
@@ -419,18 +420,32 @@ def _draws(program: Program, plan: Plan) -> bool | None:
     return len(plan.slots) - 1 in writes or plan.key in program.rng_users
 
 
+def forward_program(module: Any, jit_options: dict) -> Program:
+    """A new :class:`Program` running ``module``'s calls (hooks included).
+
+    Its ``jax.jit`` programs are keyed by the structure of the module it is
+    called with, not by the module: given to several modules of one class, it
+    compiles once for all those of the same structure, shapes and dtypes.
+    """
+    return Program(
+        lambda objs, args, kwargs: objs[0]._call_impl(*args, **kwargs),
+        name=f"forward of {type(module).__name__}",
+        jit_options=jit_options,
+        arg_names=_forward_arg_names(module),
+    )
+
+
 class CompiledForward:
     """``model.compile()``: the module's calls as one cached XLA program."""
 
-    def __init__(self, module: Any, jit_options: dict, options: dict):
+    def __init__(
+        self, module: Any, jit_options: dict, options: dict, program: Program | None = None
+    ):
         self.module = module
         self.options = options
-        self.program = Program(
-            lambda objs, args, kwargs: objs[0]._call_impl(*args, **kwargs),
-            name=f"forward of {type(module).__name__}",
-            jit_options=jit_options,
-            arg_names=_forward_arg_names(module),
-        )
+        #: Its programs, keyed by structure: its own, or one that modules of the same
+        #: class share (``forward_program``; the eager calls of library modules).
+        self.program = program if program is not None else forward_program(module, jit_options)
         self._plan: Plan | None = None
         self._version = -1
         self._hooks = -1

@@ -261,6 +261,31 @@ def assign(cell: Cell, value: Any) -> None:
     cell.__dict__["_value"] = value
 
 
+def committed(v: Any, like: Any = None) -> Any:
+    """``v`` committed to the device it is on, if it is an uncommitted concrete array
+    (and, given ``like``, only if ``like`` is a committed array placed as ``v`` is).
+
+    ``jax.jit`` keys its executables on whether each argument is committed, and
+    a program's outputs are: a fresh array (``jnp.asarray(numpy)``, a ``jnp``
+    op on uncommitted inputs) put into a slot a compiled program reads would
+    make its next call compile the program again. A plan's first arrays
+    (``like`` None) and values replacing state as it stands (``p.data = ...``,
+    ``load_state_dict``, in-place methods: ``like`` the value replaced) go
+    through here. Same device, no copy of the data.
+
+    >>> import jax.numpy as jnp
+    >>> jnp.ones(2).committed, committed(jnp.ones(2)).committed
+    (False, True)
+    """
+    if type(v) is not _ArrayImpl or v.committed or v.is_deleted():
+        return v
+    if like is not None and not (
+        type(like) is _ArrayImpl and like.committed and like.sharding == v.sharding
+    ):
+        return v
+    return jax.device_put(v, next(iter(v.devices())))
+
+
 def value(x: Any) -> Any:
     """``x``'s array if it is a cell (read as :func:`read` does), else ``x`` itself."""
     return read(x) if isinstance(x, Cell) else x
@@ -412,7 +437,8 @@ class Cell:
 
     @data.setter
     def data(self, new: Any) -> None:
-        self.__dict__["_value"] = as_array(new)
+        new = as_array(new)
+        self.__dict__["_value"] = committed(new, like=self.__dict__.get("_value"))
 
     def __getattr__(self, name: str) -> Any:
         # Everything jax.Array has: shape, dtype, ndim, size, T, device,

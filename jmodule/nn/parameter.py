@@ -441,6 +441,8 @@ class _TensorMethods(Cell):
         if isinstance(old, jax.Array) and not isinstance(old, jax.core.Tracer):
             if not isinstance(new, jax.core.Tracer) and new.sharding != old.sharding:
                 new = jax.device_put(new, old.sharding)
+            else:
+                new = state.committed(new, like=old)  # as the value it replaces: no new compile
         return new
 
     def copy_(self, src: Any, non_blocking: bool = False) -> _TensorMethods:

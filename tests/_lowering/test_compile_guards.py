@@ -248,6 +248,46 @@ def test_the_first_calls_of_a_training_step_compile_it_once():
     assert stats.num_traces == 1 and stats.num_compiles == 1
 
 
+@pytest.mark.parametrize(
+    "replace",
+    ["load_state_dict", "data", "copy_", "fill_"],
+)
+def test_state_replaced_between_steps_from_host_values_compiles_nothing_new(replace):
+    """Fresh host values (numpy, as a torch state_dict gives) put into the state between
+    compiled steps keep the compiled program: they are committed as the values they
+    replace, and jax.jit keys its executables on committedness."""
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = jm.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9)
+    host = {k: np.asarray(v) + 1.0 for k, v in m.state_dict().items()}
+
+    @jm.compile
+    def step(m, opt, x, y):
+        opt.zero_grad()
+        loss = jm.backward(lambda: ((m(x) - y) ** 2).mean())
+        opt.step()
+        return loss
+
+    x, y = jnp.ones((3, 4)), jnp.zeros((3, 2))
+    step(m, opt, x, y).block_until_ready()
+    with backend_compiles() as names:
+        for _ in range(3):
+            if replace == "load_state_dict":
+                m.load_state_dict(host)
+            elif replace == "data":
+                m[0].weight.data = jnp.asarray(host["0.weight"])
+            elif replace == "copy_":
+                m[0].weight.copy_(jnp.asarray(host["0.weight"]))
+            else:
+                m[0].bias.fill_(0.5)
+            loss = step(m, opt, x, y)
+    assert [n for n in names if "_pure" in n] == []
+    assert jm.compile_stats(step).num_compiles == 1
+    if replace == "load_state_dict":  # the step computed its loss from the loaded values
+        ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        ref.load_state_dict(host)
+        np.testing.assert_allclose(float(loss), float(((ref(x) - y) ** 2).mean()), rtol=1e-6)
+
+
 def test_a_compiled_forward_that_writes_buffers_compiles_once():
     m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU())
     m.compile()

@@ -19,7 +19,6 @@ kinds of check:
 from __future__ import annotations
 
 import ast
-import copy
 import inspect
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import side_by_side
 from _paths import PACKAGE
 from _torch import torch
 
@@ -35,7 +35,7 @@ from jmodule import optim
 from jmodule.optim import _transforms
 
 OPTIM = PACKAGE / "optim"
-TOL = 1e-10
+TOL = side_by_side.TOL
 STEPS = 6
 
 # ---------------------------------------------------------------------------- the source
@@ -304,14 +304,6 @@ def _net(nn, bias: bool = True):
     )
 
 
-def _models(bias: bool = True):
-    torch.manual_seed(5)
-    tm = _net(torch.nn, bias).double()
-    eager = _net(jm.nn, bias).to(jm.float64)
-    eager.load_state_dict({k: v.numpy() for k, v in tm.state_dict().items()})
-    return tm, eager, copy.deepcopy(eager)
-
-
 def _groups(params: list, options: list[dict]) -> list[dict]:
     """Three groups (two parameters each with biases, so packed), the last two with options."""
     per = len(params) // 3
@@ -321,50 +313,8 @@ def _groups(params: list, options: list[dict]) -> list[dict]:
     ]
 
 
-def _loss(model, x, y):
-    return ((model(x) - y) ** 2).mean()
-
-
-def _step(model, opt, x, y):
-    opt.zero_grad()
-    loss = jm.backward(lambda: _loss(model, x, y))
-    opt.step()
-    return loss
-
-
-@jm.compile
-def _compiled_step(model, opt, x, y):
-    return _step(model, opt, x, y)
-
-
-def _torch_step(model, opt, x, y):
-    opt.zero_grad()
-    loss = _loss(model, x, y)
-    loss.backward()
-    opt.step()
-    return loss
-
-
-def _assert_matches(topt, tm, jopts, models):
-    ref = {k: v.detach().numpy() for k, v in tm.state_dict().items()}
-    for m in models:
-        for k, v in m.state_dict().items():
-            assert np.asarray(v).dtype == np.float64, k
-            np.testing.assert_allclose(np.asarray(v), ref[k], rtol=TOL, atol=TOL, err_msg=k)
-    tsd = topt.state_dict()
-    for jopt in jopts:
-        jsd = jopt.state_dict()
-        assert jsd["param_groups"] == tsd["param_groups"]
-        assert list(jsd["state"]) == list(tsd["state"])
-        for i, tstate in tsd["state"].items():
-            assert list(jsd["state"][i]) == list(tstate)
-            for k, tv in tstate.items():
-                jv = np.asarray(jsd["state"][i][k])
-                np.testing.assert_allclose(jv, tv.numpy(), rtol=TOL, atol=TOL, err_msg=k)
-
-
 def _train(name, options, groups, change, *, bias=True):
-    tm, eager, compiled = _models(bias)
+    tm, eager, compiled = side_by_side.models(lambda nn: _net(nn, bias), seed=5)
     topt = getattr(torch.optim, name)(_groups(list(tm.parameters()), groups), **options)
     jopts = [
         getattr(optim, name)(_groups(list(m.parameters()), groups), **options)
@@ -376,13 +326,9 @@ def _train(name, options, groups, change, *, bias=True):
             for opt in (topt, *jopts):
                 opt.param_groups[0].update(change)
         x, y = rng.standard_normal((6, 4)), rng.standard_normal((6, 3))
-        tl = _torch_step(tm, topt, torch.tensor(x), torch.tensor(y))
-        el = _step(eager, jopts[0], jnp.asarray(x), jnp.asarray(y))
-        cl = _compiled_step(compiled, jopts[1], jnp.asarray(x), jnp.asarray(y))
-        for loss in (el, cl):
-            assert loss.dtype == jnp.float64
-            np.testing.assert_allclose(float(loss), tl.item(), rtol=TOL, atol=TOL)
-        _assert_matches(topt, tm, jopts, [eager, compiled])
+        side_by_side.step_all(tm, topt, eager, compiled, jopts, x, y)
+        side_by_side.assert_params_match(tm, [eager, compiled])
+        side_by_side.assert_state_matches(topt, jopts, layout=True)
 
 
 @pytest.mark.slow

@@ -12,20 +12,17 @@ compiled, next to torch in float64.
 
 from __future__ import annotations
 
-import copy
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import side_by_side
 from _torch import torch
 from test_lr_scheduler import CASES as SCHEDULES
 from test_optim import CASES, IDS
 
 import jmodule as jm
 from jmodule import optim
-
-TOL = 1e-10
 
 
 @pytest.fixture(autouse=True)
@@ -38,15 +35,6 @@ def _nets(nn):
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
-def _models(seed: int = 3):
-    torch.manual_seed(seed)
-    tm = _nets(torch.nn).double()
-    eager = _nets(jm.nn).to(jm.float64)
-    eager.load_state_dict({k: v.numpy() for k, v in tm.state_dict().items()})
-    assert all(p.dtype == jnp.float64 for p in eager.parameters())
-    return tm, eager, copy.deepcopy(eager)
-
-
 def _batches(steps: int = 10):
     rng = np.random.default_rng(11)
     return [(rng.standard_normal((6, 4)), rng.standard_normal((6, 3))) for _ in range(steps)]
@@ -56,39 +44,8 @@ def _groups(params: list) -> list[dict]:
     return [{"params": params[:2]}, {"params": params[2:], "lr": 0.02}]
 
 
-@jm.compile
-def _compiled_step(model, opt, x, y):
-    opt.zero_grad()
-    loss = jm.backward(lambda: ((model(x) - y) ** 2).mean())
-    opt.step()
-    return loss
-
-
-def _eager_step(model, opt, x, y):
-    opt.zero_grad()
-    loss = jm.backward(lambda: ((model(x) - y) ** 2).mean())
-    opt.step()
-    return loss
-
-
-def _torch_step(model, opt, x, y):
-    opt.zero_grad()
-    loss = ((model(x) - y) ** 2).mean()
-    loss.backward()
-    opt.step()
-    return loss
-
-
-def _assert_close(tm, models):
-    ref = {k: v.detach().numpy() for k, v in tm.state_dict().items()}
-    for m in models:
-        for k, v in m.state_dict().items():
-            assert np.asarray(v).dtype == np.float64
-            np.testing.assert_allclose(np.asarray(v), ref[k], rtol=TOL, atol=TOL, err_msg=k)
-
-
 def _run(name: str, kwargs: dict, schedule=None):
-    tm, eager, compiled = _models()
+    tm, eager, compiled = side_by_side.models(_nets, seed=3)
     topt = getattr(torch.optim, name)(_groups(list(tm.parameters())), **kwargs)
     jopts = [
         getattr(optim, name)(_groups(list(m.parameters())), **kwargs) for m in (eager, compiled)
@@ -98,20 +55,11 @@ def _run(name: str, kwargs: dict, schedule=None):
         scheds = [schedule(topt, torch.optim.lr_scheduler)]
         scheds += [schedule(o, optim.lr_scheduler) for o in jopts]
     for x, y in _batches():
-        tl = _torch_step(tm, topt, torch.tensor(x), torch.tensor(y))
-        el = _eager_step(eager, jopts[0], jnp.asarray(x), jnp.asarray(y))
-        cl = _compiled_step(compiled, jopts[1], jnp.asarray(x), jnp.asarray(y))
-        for loss in (el, cl):
-            assert loss.dtype == jnp.float64
-            np.testing.assert_allclose(float(loss), tl.item(), rtol=TOL, atol=TOL)
+        side_by_side.step_all(tm, topt, eager, compiled, jopts, x, y)
         for s in scheds:
             s.step()
-    _assert_close(tm, [eager, compiled])
-    for jopt in jopts:
-        for i, tstate in topt.state_dict()["state"].items():
-            for k, tv in tstate.items():
-                jv = np.asarray(jopt.state_dict()["state"][i][k])
-                np.testing.assert_allclose(jv, tv.numpy(), rtol=TOL, atol=TOL, err_msg=k)
+    side_by_side.assert_params_match(tm, [eager, compiled])
+    side_by_side.assert_state_matches(topt, jopts)
 
 
 @pytest.mark.slow

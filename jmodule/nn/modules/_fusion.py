@@ -23,6 +23,7 @@ is run eagerly from then on; the decision is kept until its tree changes.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from jmodule._lowering import errors as _errors
@@ -34,6 +35,11 @@ _HOOKS = _hooks._VERSION
 
 #: What :func:`call` returns when the module is not fused (run it eagerly).
 NOT_FUSED = object()
+
+#: Per library class, the program its fused calls share: keyed by structure, shapes and
+#: dtypes, so a new model like an earlier one (a notebook cell run again, a model per
+#: thread) compiles nothing (a cache of programs keyed by what they compute).
+_PROGRAMS: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
 
 
 def _library(cls: type) -> bool:
@@ -83,9 +89,13 @@ def call(module: Any, args: tuple, kwargs: dict) -> Any:
         return NOT_FUSED
     fused = d.get("_jm_fused")
     if fused is None:
-        from jmodule._lowering.compiled import CompiledForward
+        from jmodule._lowering.compiled import CompiledForward, forward_program
 
-        fused = d["_jm_fused"] = CompiledForward(module, {}, {})
+        cls = type(module)
+        program = _PROGRAMS.get(cls)
+        if program is None:
+            program = _PROGRAMS.setdefault(cls, forward_program(module, {}))
+        fused = d["_jm_fused"] = CompiledForward(module, {}, {}, program=program)
     try:
         return fused(args, kwargs)
     except (*_errors.untraceable_types(), _errors.TracingError):

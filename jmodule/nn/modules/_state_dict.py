@@ -175,7 +175,7 @@ def _place_like(value: Any, like: Any) -> jax.Array:
         # Copy, as PyTorch's copy_ does: two modules must not share one buffer,
         # since a compiled step donates (frees) the buffers it rewrites.
         arr = arr.copy()
-    return arr
+    return state.committed(arr, like=like)  # as the value it replaces: no new compile
 
 
 class StateDictMixin:
