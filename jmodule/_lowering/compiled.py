@@ -497,9 +497,14 @@ class CompiledForward:
                 vals = [c[k] for c, k in slots]
                 if state.StackedValue in set(map(type, vals)):  # blocks a compiled step wrote
                     vals = [state.slot_value(c, k) for c, k in slots]
-                local.call = plan
+                outer, local.call = local.call, plan
                 jitted = plan.jitted
-                out, changed = jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
+                try:
+                    out, changed = (
+                        jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
+                    )
+                finally:
+                    local.call = outer  # this thread keeps no plan (and model) alive
                 _program.write_back(slots, changed, fills=plan.fills)  # refuses foreign tracers
                 if plan.draws is None:
                     _learned(self.program, plan)

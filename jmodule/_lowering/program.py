@@ -791,9 +791,10 @@ def _run_jitted(
     """``jitted(read(program, plan), args[, kwargs])``, traced again once on ``_Reread``."""
     jitted = program.jitted(plan)
     tape = _tape.active_tape()
+    local = state.local
     for attempt in range(2):
         vals = read(program, plan)
-        state.local.call = plan
+        outer, local.call = local.call, plan
         try:
             if tape is not None:  # an eager jm.backward: one node of its tape
                 return _taped(
@@ -803,6 +804,8 @@ def _run_jitted(
         except _Reread:
             if attempt:
                 raise
+        finally:
+            local.call = outer  # this thread keeps no plan (and model) alive
     raise AssertionError("unreachable")
 
 
@@ -925,7 +928,8 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
         if len(ids) != len(donated) or _NONE_ID in ids or not ids.isdisjoint(map(id, kept)):
             return SLOW
     traces = program.num_traces
-    state.local.call = plan
+    local = state.local
+    outer, local.call = local.call, plan
     try:
         changed, out = fast.jitted(donated, kept, args)
     except _Redonate:
@@ -936,6 +940,8 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
             raise
         plan.fresh = None
         return SLOW
+    finally:
+        local.call = outer  # this thread keeps no plan (and model) alive
     if program.num_traces != traces:
         plan.fast = None  # a new trace may have learned of more unread gradients
     write_back(plan.slots, changed, fills=plan.fills)
@@ -1104,11 +1110,12 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
         else:
             made = program.donating(plan, idx, keep)
         plan.last = last = made
-        state.local.call = plan
         donated = [vals[i] for i in idx]
         if not plan.warned_held:
             held = _held_slots(plan, idx)
             _check_held(plan, [(j, held[j], donated[j]) for j in held], None)
+        local = state.local
+        outer, local.call = local.call, plan
         try:
             changed, out = made.jitted(donated, [vals[i] for i in keep], *tail)
         except _Redonate as redo:
@@ -1122,6 +1129,8 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
             vals = read_state(program, plan)
             last = plan.last = None
             continue
+        finally:
+            local.call = outer  # this thread keeps no plan (and model) alive
         write_back(slots, changed, fills=plan.fills)
         plan.fresh = _fresh(changed, len(idx))
         if kwargs is None:
@@ -1140,12 +1149,16 @@ def call_donating(program: Program, plan: Plan, args: tuple, kwargs: dict | None
 def lower(program: Program, plan: Plan, donate: bool, args: tuple, kwargs: dict | None) -> Any:
     """The ``jax.stages.Lowered`` program a call with this plan runs."""
     vals = read_state(program, plan)
-    state.local.call = plan
-    made = program.donations.get(plan.key) if donate else None
-    if made is None:
-        return program.jitted(plan).lower(vals, args, kwargs)
-    idx = _unique_buffers(tuple(i for i in made.donated if vals[i] is not None), vals)
-    keep, _ = _kept_slots(program, plan, idx, vals)
-    fn = program.donating(plan, idx, keep).jitted
-    tail = (args,) if kwargs is None else (args, kwargs)
-    return fn.lower([vals[i] for i in idx], [vals[i] for i in keep], *tail)
+    local = state.local
+    outer, local.call = local.call, plan
+    try:
+        made = program.donations.get(plan.key) if donate else None
+        if made is None:
+            return program.jitted(plan).lower(vals, args, kwargs)
+        idx = _unique_buffers(tuple(i for i in made.donated if vals[i] is not None), vals)
+        keep, _ = _kept_slots(program, plan, idx, vals)
+        fn = program.donating(plan, idx, keep).jitted
+        tail = (args,) if kwargs is None else (args, kwargs)
+        return fn.lower([vals[i] for i in idx], [vals[i] for i in keep], *tail)
+    finally:
+        local.call = outer  # this thread keeps no plan (and model) alive

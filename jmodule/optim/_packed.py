@@ -31,6 +31,8 @@ live dict PyTorch users know. ``state_dict()`` unpacks (PyTorch's layout), and
 
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
@@ -148,6 +150,14 @@ class Bucket:
             name: self.join(name, [(public if pub else hidden)[name] for public, hidden in records])
             for pub, name in self.layout
         }
+
+    def static(self) -> Bucket:
+        """A copy holding only the layout (what :meth:`signature` names): no member
+        parameters, no state, for compiled updates shared between optimizers."""
+        twin = copy.copy(self)
+        twin.params, twin.index, twin.store = (), {}, {}
+        twin._splitter = twin._on_part = None
+        return twin
 
     def signature(self) -> tuple:
         """What a compiled update depends on (shapes and layout)."""

@@ -95,8 +95,9 @@ class Adadelta(TorchOptimizer):
     def _structure(self, group: dict[str, Any]) -> tuple:
         return frame(group)
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         adadelta = optax.scale_by_adadelta(hp["rho"], hp["eps"])
         return torch_chain(cfg, hp, ("adadelta", adadelta), first=[("step", count_steps())])

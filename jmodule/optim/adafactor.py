@@ -229,8 +229,9 @@ class Adafactor(TorchOptimizer):
     def _classify(self, cfg: tuple, dtype: Any) -> None:
         return None  # never packed: each update reads its parameter's whole norm
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         adafactor = scale_by_adafactor(
             hp["lr"], hp["beta2_decay"], cfg["eps1"], hp["eps2"], hp["d"], hp["weight_decay"]

@@ -136,8 +136,9 @@ class Adagrad(TorchOptimizer):
             ("initial_accumulator_value", float(group["initial_accumulator_value"])),
         )
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         rss = scale_by_root_sum_of_squares(cfg["initial_accumulator_value"], hp["eps"])
         lr_decay = hp["lr_decay"]

@@ -112,8 +112,9 @@ class Adam(TorchOptimizer):
             ("beta2", float(group["betas"][1])),
         )
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         b1, b2, eps = hp["beta1"], cfg["beta2"], hp["eps"]
         if not cfg["amsgrad"]:

@@ -88,8 +88,9 @@ class Adamax(TorchOptimizer):
     def _structure(self, group: dict[str, Any]) -> tuple:
         return frame(group)
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         adamax = optax.scale_by_adamax(hp["beta1"], hp["beta2"], hp["eps"])
         return torch_chain(cfg, hp, ("adamax", adamax))

@@ -162,8 +162,9 @@ class ASGD(TorchOptimizer):
     def _structure(self, group: dict[str, Any]) -> tuple:
         return frame(group)
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         asgd = scale_by_asgd(hp["lr"], hp["lambd"], hp["alpha"], hp["t0"])
         return torch_chain(cfg, hp, ("asgd", asgd), lr=False)

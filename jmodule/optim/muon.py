@@ -245,8 +245,9 @@ class Muon(TorchOptimizer):
             ("adjust_lr_fn", group["adjust_lr_fn"]),
         )
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         ortho = _orthogonalize(
             cfg["ns_coefficients"], cfg["ns_steps"], cfg["eps"], cfg["adjust_lr_fn"]

@@ -175,8 +175,9 @@ class NAdam(TorchOptimizer):
     def _structure(self, group: dict[str, Any]) -> tuple:
         return (*frame(group, decoupled=True), ("beta2", float(group["betas"][1])))
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         nadam = scale_by_nadam(hp["beta1"], cfg["beta2"], hp["eps"], hp["momentum_decay"])
         return torch_chain(cfg, hp, ("nadam", nadam))

@@ -804,6 +804,14 @@ class Optimizer:
         return apply
 
 
+#: The compiled updates of the PyTorch optimizers, keyed by class, hyper-parameter names and
+#: structure (``TorchOptimizer._shared_jit``): a cache of programs keyed by what they compute.
+_UPDATES: dict[tuple, Callable] = {}
+#: The state leaves' shapes of a class's chain on a probe, by structure and dtype
+#: (``TorchOptimizer._classify``).
+_PROBED: dict[tuple, tuple] = {}
+
+
 class TorchOptimizer(Optimizer):
     """Base of the PyTorch optimizers: one optax state per parameter, PyTorch's names.
 
@@ -839,13 +847,29 @@ class TorchOptimizer(Optimizer):
             "param group (a subclass of TorchOptimizer, such as SGD or Adam, does)"
         )
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         raise NotImplementedError(
-            f"{type(self).__name__} must define _transformation(cfg, hp, state): the optax "
+            f"{cls.__name__} must define _transformation(cfg, hp, state): the optax "
             "chain of one parameter (a subclass of TorchOptimizer, such as SGD or Adam, does)"
         )
+
+    def _shared_jit(self, key: Any, make: Callable[[], Callable]) -> Callable:
+        """The compiled update ``key`` names, shared by every optimizer of this class.
+
+        An update depends on the class (its ``_transformation`` and ``_hyper``)
+        and on what ``key`` holds (the structure and the packed layout), never on
+        the optimizer: a new optimizer like an earlier one (a notebook cell run
+        again, an optimizer per thread) compiles nothing. ``make`` must keep no
+        parameter or state alive (buckets give their :meth:`~Bucket.static` copy).
+        """
+        full = (type(self), self._hyper, key)
+        fn = _UPDATES.get(full)
+        if fn is None:
+            fn = _UPDATES.setdefault(full, jax.jit(make()))
+        return fn
 
     def _param_structure(self, group: dict[str, Any], p: Parameter) -> tuple:
         """The structure of ``p``'s chain: the group's, unless the state's shape depends on ``p``.
@@ -981,16 +1005,20 @@ class TorchOptimizer(Optimizer):
         like the parameter. Decided on an abstract probe of shape ``(2,)``, so a
         scalar parameter does not make its elementwise entries look per-parameter.
         """
-        probe = jax.ShapeDtypeStruct((2,), dtype)
-        hp = {n: 0.0 for n, _, _ in self._hyper}
-        tree = jax.eval_shape(self._transformation(dict(cfg), hp, None).init, probe)
-        leaves = jax.tree_util.tree_leaves(tree)
-        if not leaves or any(leaf.shape not in ((), (2,)) for leaf in leaves):
+        key = (type(self), self._hyper, cfg, jnp.dtype(dtype))
+        shapes = _PROBED.get(key)  # (tracing the chain's init each time is most of it)
+        if shapes is None:
+            probe = jax.ShapeDtypeStruct((2,), dtype)
+            hp = {n: 0.0 for n, _, _ in self._hyper}
+            tree = jax.eval_shape(self._transformation(dict(cfg), hp, None).init, probe)
+            shapes = tuple(leaf.shape for leaf in jax.tree_util.tree_leaves(tree))
+            _PROBED[key] = shapes
+        if not shapes or any(shape not in ((), (2,)) for shape in shapes):
             return None
         if cfg not in self._layouts:
             self._layout(cfg, jnp.zeros((2,), dtype))
         _, layout = self._layouts[cfg]
-        per_param = frozenset(n for (_, n), leaf in zip(layout, leaves) if leaf.shape == ())
+        per_param = frozenset(n for (_, n), shape in zip(layout, shapes) if shape == ())
         return layout, per_param
 
     def _pack_group(self, group: dict[str, Any]) -> list[Bucket]:
@@ -1103,6 +1131,7 @@ class TorchOptimizer(Optimizer):
         """One step of unpacked parameters of one structure ``cfg``."""
         treedef, layout = self._layouts[cfg]
         names = [n for n, _, _ in self._hyper]
+        transformation = type(self)._transformation
 
         def make() -> Callable:
             def update(hp_arr, values, grads, publics, hiddens):
@@ -1110,7 +1139,7 @@ class TorchOptimizer(Optimizer):
                 out_values, out_publics, out_hiddens = [], [], []
                 for v, g, public, hidden in zip(values, grads, publics, hiddens):
                     leaves = [(public if pub else hidden)[n] for pub, n in layout]
-                    tx = self._transformation(dict(cfg), hyper, public)
+                    tx = transformation(dict(cfg), hyper, public)
                     updates, new_state = tx.update(g, treedef.unflatten(leaves), v)
                     out_values.append(optax.apply_updates(v, updates))
                     new_pub, new_hid = {}, {}
@@ -1124,7 +1153,7 @@ class TorchOptimizer(Optimizer):
 
             return update
 
-        values, publics, hiddens = self._jit(("param", cfg), make)(
+        values, publics, hiddens = self._shared_jit(("param", cfg), make)(
             hp,
             [_state.peek(p) for p in params],
             [p.grad for p in params],
@@ -1170,12 +1199,12 @@ class TorchOptimizer(Optimizer):
         values = _pieces(members, raws, runs)
         grads = [p.grad if m else None for p, m in zip(members, mask)]
         if shared:
-            fn = self._jit(
+            fn = self._shared_jit(
                 ("bucket", bucket.signature(), mask, uniform),
                 lambda: self._shared_update(bucket, treedef, layout, mask, uniform),
             )
         else:
-            fn = self._jit(
+            fn = self._shared_jit(
                 ("bucket", bucket.signature(), mask, uniform, runs),
                 lambda: self._flat_update(bucket, treedef, layout, mask, uniform, runs),
             )
@@ -1210,13 +1239,14 @@ class TorchOptimizer(Optimizer):
         ``values`` then has one entry per run or other member, and so has the
         result.
         """
-        cfg, members = bucket.cfg, bucket.params
+        cfg, count = bucket.cfg, len(bucket.params)
+        bucket = bucket.static()  # the closure keeps no parameter or state alive
         names = [n for n, _, _ in self._hyper]
+        transformation = type(self)._transformation
         every = all(mask)
         elem_mask = np.repeat(np.asarray(mask), bucket.sizes)
         param_mask = np.asarray(mask)
         starts = np.asarray(bucket.starts)
-        count = len(members)
 
         def update(hp_arr, values, grads, store):
             hyper = {n: hp_arr[j] for j, n in enumerate(names)}
@@ -1235,7 +1265,7 @@ class TorchOptimizer(Optimizer):
                     leaf = leaf[0] if uniform else bucket.expand(leaf)
                 leaves.append(leaf)
             public = {n: leaf for (pub, n), leaf in zip(layout, leaves) if pub}
-            tx = self._transformation(dict(cfg), hyper, public)
+            tx = transformation(dict(cfg), hyper, public)
             updates, new_state = tx.update(flat_g, treedef.unflatten(leaves), flat_v)
             new_store = {}
             for (_, n), new in zip(layout, jax.tree_util.tree_leaves(new_state)):
@@ -1270,6 +1300,8 @@ class TorchOptimizer(Optimizer):
         cfg = bucket.cfg
         names = [n for n, _, _ in self._hyper]
         count = len(bucket.params)
+        bucket = bucket.static()  # the closure keeps no parameter or state alive
+        transformation = type(self)._transformation
         stepping = [j for j, m in enumerate(mask) if m]
 
         def update(hp_arr, values, grads, store):
@@ -1286,7 +1318,7 @@ class TorchOptimizer(Optimizer):
                     for _, n in layout
                 ]
                 public = {n: leaf for (pub, n), leaf in zip(layout, leaves) if pub}
-                tx = self._transformation(dict(cfg), hyper, public)
+                tx = transformation(dict(cfg), hyper, public)
                 updates, new_state = tx.update(g.astype(v.dtype), treedef.unflatten(leaves), v)
                 for (_, n), old, new in zip(layout, leaves, jax.tree_util.tree_leaves(new_state)):
                     if n in bucket.per_param:

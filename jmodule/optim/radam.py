@@ -173,7 +173,8 @@ class RAdam(TorchOptimizer):
     def _structure(self, group: dict[str, Any]) -> tuple:
         return (*frame(group, decoupled=True), ("beta2", float(group["betas"][1])))
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         return torch_chain(cfg, hp, ("radam", scale_by_radam(hp["beta1"], cfg["beta2"], hp["eps"])))

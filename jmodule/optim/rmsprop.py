@@ -126,8 +126,9 @@ class RMSprop(TorchOptimizer):
             ("momentum", group["momentum"] > 0),
         )
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         scale_by = optax.scale_by_stddev if cfg["centered"] else optax.scale_by_rms
         scaling: list[Step] = [

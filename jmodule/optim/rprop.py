@@ -162,8 +162,9 @@ class Rprop(TorchOptimizer):
     def _structure(self, group: dict[str, Any]) -> tuple:
         return frame(group, decay=False)
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         rprop = scale_by_rprop(
             hp["lr"], hp["etaminus"], hp["etaplus"], hp["step_size_min"], hp["step_size_max"]

@@ -106,8 +106,9 @@ class SGD(TorchOptimizer):
             ("nesterov", on and bool(group["nesterov"])),
         )
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         scaling: list[Step] = []
         if cfg["dampening"]:

@@ -144,8 +144,9 @@ class SparseAdam(TorchOptimizer):
             ("beta2", float(group["betas"][1])),
         )
 
+    @classmethod
     def _transformation(
-        self, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
+        cls, cfg: dict[str, Any], hp: dict[str, Any], state: dict[str, Any] | None
     ) -> optax.GradientTransformation:
         b2 = cfg["beta2"]
         step = 1 if state is None else state["step"] + 1

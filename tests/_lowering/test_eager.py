@@ -485,3 +485,63 @@ def test_a_class_defined_again_with_another_forward_is_traced_again():
         outs.append(np.asarray(step(ns["Net"](), x)))
     np.testing.assert_allclose(outs[1], 3 * outs[0], rtol=1e-6)
     assert jm.compile_stats(step).num_traces == 2
+
+
+@contextlib.contextmanager
+def counting_traces():
+    """Every function JAX traces to a jaxpr inside the block (a persistent compilation
+    cache can spare a compile, never a trace)."""
+    seen: list[str] = []
+
+    def listener(event, duration, **kw):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            seen.append(str(kw.get("fun_name", "")))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_a_new_model_and_optimizer_like_earlier_ones_trace_and_compile_nothing_eagerly(
+    optimizer,
+):
+    """The notebook cell making model and optimizer, run again, then trained eagerly:
+    the library's programs are keyed by structure, shapes and dtypes, not by object."""
+    xn, yn = _data((6, 12))
+    x, y = jnp.asarray(xn), jnp.asarray(yn)
+    kwargs = {"momentum": 0.9} if optimizer == "SGD" else {}
+    for run in range(2):
+        model = _bn(jm.nn, dropout=0.2)
+        opt = getattr(jm.optim, optimizer)(model.parameters(), lr=0.1, **kwargs)
+        with counting_traces() as traced, counting_compiles() as compiled:
+            for _ in range(3):
+                opt.zero_grad()
+                float(jm.backward(lambda: F.cross_entropy(model(x), y)))
+                opt.step()
+            model.eval()
+            model(x).block_until_ready()
+        if run == 0:
+            assert traced and compiled
+        else:
+            assert (traced, compiled) == ([], []), (traced, compiled)
+
+
+def test_shared_eager_programs_keep_no_model_or_optimizer_alive():
+    import gc
+    import weakref
+
+    xn, yn = _data((6, 12))
+    x, y = jnp.asarray(xn), jnp.asarray(yn)
+    model = _bn(jm.nn, dropout=0.2)
+    opt = jm.optim.Adam(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        jm.backward(lambda: F.cross_entropy(model(x), y))
+        opt.step()
+    refs = [weakref.ref(model), weakref.ref(opt), weakref.ref(model[0].weight)]
+    del model, opt
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]

@@ -144,7 +144,7 @@ TORCH_OPTIMIZERS = sorted(
         c
         for c in _subclasses(optim.TorchOptimizer)
         if getattr(optim, c.__name__, None) is c
-        and c._transformation is not optim.TorchOptimizer._transformation
+        and c._transformation.__func__ is not optim.TorchOptimizer._transformation.__func__
     },
     key=lambda c: c.__name__,
 )
