@@ -32,7 +32,6 @@ live dict PyTorch users know. ``state_dict()`` unpacks (PyTorch's layout), and
 from __future__ import annotations
 
 import copy
-
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
