@@ -41,8 +41,19 @@ def test_notebook_is_built_from_its_source(source):
     ], f"notebooks/{source.stem}.ipynb is out of date: run python notebooks/build.py {source.stem}"
 
 
+#: Notebooks that compare with PyTorch (porting_pytorch runs sentence-transformers).
+NEEDS_TORCH = {"porting_pytorch"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=[pytest.mark.torch] if p.stem in NEEDS_TORCH else [])
+        for p in NOTEBOOKS
+    ],
+    ids=[p.stem for p in NOTEBOOKS],
+)
 def test_notebook_runs(path):
     nb = nbformat.read(path, as_version=4)
     # Executes every cell in a fresh kernel; a cell error raises CellExecutionError.
