@@ -73,13 +73,23 @@ def _missing(path: str) -> ModuleNotFoundError:
     )
 
 
+#: Third-party modules that import PyTorch themselves, given to tests as ``torch`` is
+#: (``from _torch import safetensors_torch``): the module, or a stand-in without PyTorch.
+ADAPTERS = {"einops_torch": "einops.layers.torch", "safetensors_torch": "safetensors.torch"}
+#: The names of this module that reach PyTorch.
+STANDINS = frozenset({"torch", *ADAPTERS})
+
 if INSTALLED:
+    import einops.layers.torch as einops_torch
+    import safetensors.torch as safetensors_torch
     import torch
     import torch.nn.utils.rnn
     import torch.optim.swa_utils
     import torch.utils.checkpoint
 else:
     torch = _Missing("torch")
+    einops_torch = _Missing(ADAPTERS["einops_torch"])
+    safetensors_torch = _Missing(ADAPTERS["safetensors_torch"])
 
 
 def _is_torch_mark(node: ast.AST) -> bool:
@@ -127,7 +137,7 @@ def _imports_torch(node: ast.AST) -> bool:
 
 def _from_torch(node: ast.ImportFrom) -> bool:
     if node.module == "_torch":
-        return any(a.name == "torch" for a in node.names)
+        return any(a.name in STANDINS for a in node.names)
     return (node.module or "").split(".")[0] in TORCH_MODULES
 
 
@@ -145,7 +155,7 @@ def _torch_names(tree: ast.Module) -> set[str]:
                 names.update(
                     a.asname or a.name
                     for a in node.names
-                    if node.module != "_torch" or a.name == "torch"
+                    if node.module != "_torch" or a.name in STANDINS
                 )
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defs[node.name] = node

@@ -535,13 +535,16 @@ def test_shared_eager_programs_keep_no_model_or_optimizer_alive():
 
     xn, yn = _data((6, 12))
     x, y = jnp.asarray(xn), jnp.asarray(yn)
-    model = _bn(jm.nn, dropout=0.2)
-    opt = jm.optim.Adam(model.parameters(), lr=0.1)
-    for _ in range(2):
-        opt.zero_grad()
-        jm.backward(lambda: F.cross_entropy(model(x), y))
-        opt.step()
-    refs = [weakref.ref(model), weakref.ref(opt), weakref.ref(model[0].weight)]
-    del model, opt
+
+    def train():
+        model = _bn(jm.nn, dropout=0.2)
+        opt = jm.optim.Adam(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            jm.backward(lambda: F.cross_entropy(model(x), y))
+            opt.step()
+        return [weakref.ref(model), weakref.ref(opt), weakref.ref(model[0].weight)]
+
+    refs = train()
     gc.collect()
     assert [r() for r in refs] == [None, None, None]

@@ -18,6 +18,7 @@ import threading
 import warnings
 from pathlib import Path
 
+import _torch
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +36,11 @@ TF = torch.nn.functional
 
 # ----------------------------------------------------------------------------- torch's tables
 
-HEADER = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+HEADER = (
+    Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    if _torch.INSTALLED
+    else None
+)
 MACROS = {
     "AT_FORALL_LOWER_PRECISION_FP": "lower",
     "AT_FORALL_FP32": "fp32",

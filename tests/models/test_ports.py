@@ -471,7 +471,7 @@ def test_resnet_forward_gradients_and_running_stats_match_torch_float64(x64, var
 def test_resnet_init_matches_torchvision():
     """The file's own init: Kaiming-normal convolutions (``fan_out``), BN weights one and
     biases zero, and with ``zero_init_residual`` each block's last BN weight zero."""
-    _, j = _pair("resnet")
+    j = _load(PORTS / "resnet_jm.py", "resnet_jm")  # the port alone: no PyTorch needed
     model = j.ResNet(j.BasicBlock, [1, 1, 1, 1], num_classes=10, zero_init_residual=True)
     conv = model.layer4[0].conv1.weight
     std = (2.0 / (conv.shape[0] * 9)) ** 0.5  # kaiming_normal_, fan_out, relu

@@ -9,11 +9,10 @@ import builtins
 import pickle
 
 import einops
-import einops.layers.torch as einops_torch
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _torch import torch
+from _torch import einops_torch, torch
 
 import jmodule as jm
 from jmodule import nn
@@ -124,6 +123,7 @@ def test_layers_compute_on_parameters():
     )
 
 
+@pytest.mark.torch
 def test_invalid_patterns_fail_at_construction_as_einops_layers_do():
     for bad in [("b c -> b d", None, {}), ("b c -> b", "median", {}), ("b (c k) -> b c", None, {})]:
         with pytest.raises(einops.EinopsError) as t_error:
@@ -151,6 +151,7 @@ def test_layers_pickle_and_deepcopy():
     assert repr(again) == repr(layer)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "make",
     [
@@ -181,6 +182,7 @@ def test_einops_flax_layers_name_the_jm_layer():
         nn.Sequential(einops_flax.Reduce("b c -> b", "mean"))
 
 
+@pytest.mark.torch
 def test_einmix_has_no_jm_layer_and_says_so():
     mix = einops_torch.EinMix("b c -> b d", weight_shape="c d", c=2, d=3)
     with pytest.raises(TypeError, match=r"jm\.nn\.Rearrange and jm\.nn\.Reduce"):

@@ -161,6 +161,7 @@ def test_double_without_x64_explains_how_to_enable_it():
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # its script compares with torch
 def test_with_x64_double_works_and_counters_are_int64():
     script = textwrap.dedent(
         """

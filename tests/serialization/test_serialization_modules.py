@@ -5,8 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import safetensors.torch
-from _torch import torch
+from _torch import safetensors_torch, torch
 
 import jmodule as jm
 import jmodule.serialization as jms
@@ -73,7 +72,7 @@ def test_pytorch_weights_load_into_the_jm_model_and_match_torch(tmp_path, fmt):
     sd = reference.state_dict()
     if fmt == "safetensors":
         path = tmp_path / "model.safetensors"
-        safetensors.torch.save_file(sd, path)
+        safetensors_torch.save_file(sd, path)
     else:
         path = tmp_path / "pytorch_model.bin"
         torch.save(sd, path, _use_new_zipfile_serialization=fmt == "zip")

@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors
-import safetensors.torch
-from _torch import torch
+from _torch import safetensors_torch, torch
 
 import jmodule.serialization as jms
 
@@ -60,7 +59,7 @@ def test_files_jm_writes_are_read_by_the_safetensors_library_and_torch(tmp_path)
     sd = _sd()
     path = tmp_path / "w.safetensors"
     jms.save(sd, path, metadata={"format": "pt"})
-    loaded = safetensors.torch.load_file(path)
+    loaded = safetensors_torch.load_file(path)
     assert sorted(loaded) == sorted(sd)
     assert loaded["a.bf16"].dtype == torch.bfloat16
     np.testing.assert_array_equal(
@@ -80,7 +79,7 @@ def test_files_written_by_torch_load(tmp_path):
         "i": torch.arange(3, dtype=torch.int32),
     }
     path = tmp_path / "torch.safetensors"
-    safetensors.torch.save_file(ref, path, metadata={"format": "pt"})
+    safetensors_torch.save_file(ref, path, metadata={"format": "pt"})
     out = jms.load(path)
     assert sorted(out) == list(out)  # no jm order entry: sorted, as safetensors lists them
     for k, t in ref.items():
@@ -144,7 +143,7 @@ def _torch_sd():
 @pytest.mark.parametrize(
     "suffix, index_name, writer",
     [
-        ("safetensors", "model.safetensors.index.json", safetensors.torch.save_file),
+        ("safetensors", "model.safetensors.index.json", safetensors_torch.save_file),
         ("bin", "pytorch_model.bin.index.json", torch.save),
     ],
 )
@@ -165,7 +164,7 @@ def test_sharded_checkpoints_load_as_one_state_dict(tmp_path, suffix, index_name
 def test_sharded_checkpoint_errors(tmp_path):
     sd = _torch_sd()
     index, weight_map = _write_sharded(
-        tmp_path, sd, safetensors.torch.save_file, "safetensors", "m.safetensors.index.json"
+        tmp_path, sd, safetensors_torch.save_file, "safetensors", "m.safetensors.index.json"
     )
     original = json.loads(index.read_text())
 

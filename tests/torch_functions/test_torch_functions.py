@@ -1192,6 +1192,7 @@ def test_accepts_parameters_numpy_and_scalars() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # its script compares with torch
 def test_with_x64_int64_results_are_int64() -> None:
     script = textwrap.dedent(
         """
