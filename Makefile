@@ -50,7 +50,7 @@ test-fast: $(VENV)/.test-installed
 	$(PY) -m pytest -m "not slow"
 
 test-312: $(VENV312)/.test-installed
-	$(PY312) -m pytest -m "not torch"
+	JMODULE_TEST_FAST_COMPILE=0 $(PY312) -m pytest -m "not torch"
 	$(PY312) examples/demo.py
 
 bench: $(VENV)/.test-installed

@@ -14,6 +14,14 @@ alone when JAX's cache is already configured (the
 ``JAX_COMPILATION_CACHE_DIR`` variable, or ``jax.config`` before the import),
 and is off when ``JMODULE_COMPILATION_CACHE`` is ``0``, ``off``, ``false``
 or ``no``. :func:`set_compilation_cache` changes it at run time.
+
+A multi-process job (``jm.distributed.init()``) runs without the default
+cache: JAX 0.12.1 hangs in the first call of a program with cross-process
+collectives that it loaded from the persistent cache (a plain ``jax.jit``
+step over gloo, run twice, hangs the second time; JAX 0.10 does not).
+``init`` turns off the cache ``import jmodule`` turned on (a cache the user
+set, before or after the import, is left alone); ``set_compilation_cache``
+after ``init`` turns it on again.
 """
 
 from __future__ import annotations
@@ -78,6 +86,30 @@ def configure_default() -> None:
         warnings.warn(_UNWRITABLE.format(path=path, why=why, then=then), stacklevel=2)
         return
     _configure(path)
+    global _DEFAULT
+    _DEFAULT = path
+
+
+# The directory configure_default set: the cache a multi-process job turns off.
+_DEFAULT: str | None = None
+
+
+def leave_default_for_multiprocess() -> bool:
+    """In a multi-process job, turn off the cache ``import jmodule`` turned on.
+
+    Returns:
+        Whether it was on by jmodule's default and is now off (a cache the
+        user configured is left as it is).
+    """
+    global _DEFAULT
+    if _DEFAULT is None or jax.config.jax_compilation_cache_dir != _DEFAULT:
+        return False
+    from jax.experimental.compilation_cache import compilation_cache
+
+    _DEFAULT = None
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+    return True
 
 
 def compilation_cache_dir() -> str | None:
@@ -115,5 +147,7 @@ def set_compilation_cache(path: str | os.PathLike | None) -> None:
         why = _unwritable(path)
         if why is not None:
             raise OSError(_UNWRITABLE.format(path=path, why=why, then="Nothing changed."))
+    global _DEFAULT
+    _DEFAULT = None  # the user's choice from now on
     _configure(path)
     compilation_cache.reset_cache()  # the next compile opens the new directory

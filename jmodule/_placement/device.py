@@ -382,3 +382,28 @@ def check_memory_format(x: Any) -> None:
         raise TypeError(
             f"memory_format must be a memory format such as jm.channels_last, got {x!r}"
         )
+
+
+def single_device_sharding(device: jax.Device) -> jax.sharding.Sharding:
+    """The sharding that holds a whole array on ``device``.
+
+    JAX 0.12.1 deprecates naming ``jax.sharding.SingleDeviceSharding`` (its
+    factory may later return a ``NamedSharding``): every single-device sharding
+    jmodule makes comes from here, JAX's factory where it has one.
+
+    >>> single_device_sharding(jax.devices()[0]).device_set == {jax.devices()[0]}
+    True
+    """
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    if make is None:  # JAX before the factory
+        return jax.sharding.SingleDeviceSharding(device)
+    return make(device)
+
+
+def on_one_device(sharding: jax.sharding.Sharding) -> bool:
+    """Whether ``sharding`` places a whole array on one device (whatever its class).
+
+    >>> on_one_device(single_device_sharding(jax.devices()[0]))
+    True
+    """
+    return len(sharding.device_set) == 1

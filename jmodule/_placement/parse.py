@@ -222,7 +222,7 @@ def put(value: Any, where: jax.Device | jax.sharding.Sharding) -> jax.Array:
         The placed ``jax.Array``.
 
     >>> import jax, jax.numpy as jnp
-    >>> put(jnp.arange(4.0), jax.sharding.SingleDeviceSharding(jax.devices()[0])).shape
+    >>> put(jnp.arange(4.0), jax.sharding.make_single_device_sharding(jax.devices()[0])).shape
     (4,)
     """
     if (

@@ -9,13 +9,17 @@ the ones ``torchrun`` sets (``MASTER_ADDR`` + ``MASTER_PORT``, ``WORLD_SIZE``,
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 
+from jmodule import _compilation_cache
 from jmodule import _jax_internals as _jx
+
+_log = logging.getLogger("jmodule.distributed")
 
 __all__ = ["get_rank", "get_world_size", "init", "is_initialized"]
 
@@ -124,6 +128,12 @@ def init(
             f"{' / '.join(_ID_VARS)} (or run under Slurm, Open MPI or on Cloud TPU, which "
             "JAX detects)."
         ) from e
+    if _compilation_cache.leave_default_for_multiprocess():
+        _log.info(
+            "jm.distributed.init(): the default compilation cache is off in a multi-process job "
+            "(JAX 0.12.1 hangs running a cached program with cross-process collectives); "
+            "jm.set_compilation_cache(path) turns it on again"
+        )
 
 
 def is_initialized() -> bool:

@@ -41,6 +41,7 @@ import numpy as np
 
 from jmodule._lowering import flat as _flat
 from jmodule._lowering import state
+from jmodule._placement.device import single_device_sharding
 
 __all__ = [
     "PACK_MAX_ELEMENTS",
@@ -93,7 +94,7 @@ def replicated_like(host: Any, ref: Any) -> jax.Array:
             sharding.mesh, jax.sharding.PartitionSpec()
         )
     elif len(sharding.device_set) == 1:
-        target = jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
+        target = single_device_sharding(next(iter(sharding.device_set)))
     else:
         return jnp.asarray(host)
     from jmodule.distributed._rules import put

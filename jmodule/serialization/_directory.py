@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule import _untrusted
+from jmodule._placement.device import on_one_device
 from jmodule.serialization import _atomic, _checksum, _errors, _metafile, _orbax_writer, _tree
 from jmodule.serialization._errors import (
     CheckpointError,
@@ -662,7 +663,7 @@ def _read_direct(
         dtype = np.dtype(store.dtype.numpy_dtype)
         if tuple(store.shape) != e.shape or dtype != e.dtype:
             target = None  # read as stored, to the host: _verify names the mismatch
-        if target is None or isinstance(target, jax.sharding.SingleDeviceSharding):
+        if target is None or on_one_device(target):
             regions = [tuple((0, n) for n in store.shape)]
         else:
             by_device = target.addressable_devices_indices_map(e.shape)
@@ -694,7 +695,7 @@ def _placed(e: _Entry, target: Any, parts: list) -> Any:
     """The array read into ``parts`` (``(bounds, host buffer, done)`` per region) on ``target``."""
     if target is None:
         return parts[0][1]
-    if isinstance(target, jax.sharding.SingleDeviceSharding):
+    if on_one_device(target):
         return jax.device_put(parts[0][1], target)
     data = {bounds: buf for bounds, buf, _ in parts}
     shards = [

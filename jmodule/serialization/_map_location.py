@@ -18,8 +18,11 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
 
 from jmodule import _placement
+from jmodule._placement.device import single_device_sharding
+from jmodule._placement.sharding import spec_problem
 
 _PER_KEY = (
     "a map_location dict maps checkpoint keys to where those arrays go, e.g. "
@@ -122,13 +125,20 @@ class MapLocation:
         own = self._own(key)
         where = own.where if own is not None and own.where is not None else self.where
         if isinstance(where, jax.Device):
-            return jax.sharding.SingleDeviceSharding(where)
-        try:
-            where.shard_shape(tuple(shape))
-        except (ValueError, IndexError) as e:
+            return single_device_sharding(where)
+        if isinstance(where, NamedSharding) and isinstance(where.mesh, Mesh):
+            problem = spec_problem(where.spec, tuple(shape), where.mesh)
+        else:
+            try:
+                where.shard_shape(tuple(shape))
+                problem = None
+            except (ValueError, IndexError) as e:
+                problem = str(e)
+        if problem:
             raise ValueError(
-                f"map_location sharding {where} cannot hold '{key}' of shape {tuple(shape)}: {e}"
-            ) from None
+                f"map_location sharding {where} cannot hold '{key}' of shape {tuple(shape)}: "
+                f"{problem}"
+            )
         return where
 
     def cast(self, x: Any, key: str | None = None) -> Any:

@@ -38,6 +38,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jmodule._placement.device import on_one_device
+
 #: OCDBT's target data file size (Orbax's ``ocdbt_target_data_file_size`` save option).
 #: Orbax's default on a local disk, 2 GiB, puts every array into one data file, written
 #: by one thread; in files of 32 MiB TensorStore writes several at once (on 2 cores, a
@@ -51,8 +53,7 @@ HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckp
 def handles(arrays: Any) -> bool:
     """Whether every array is a numpy array or a ``jax.Array`` on a single device."""
     return all(
-        isinstance(x, np.ndarray)
-        or (isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.SingleDeviceSharding))
+        isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and on_one_device(x.sharding))
         for x in arrays
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 import jmodule as jm
 import jmodule.nn.functional as F
-from jmodule import nn
+from jmodule import _compilation_cache, nn
 
 JMODULE_DIR = os.path.dirname(jm.__file__)
 
@@ -277,4 +278,43 @@ def test_an_unwritable_compilation_cache_is_said_once_and_left_off(tmp_path):
     before = jm.compilation_cache_dir()
     with pytest.raises(OSError, match=r"cannot be written.*Nothing changed"):
         jm.set_compilation_cache(blocker / "xla")
+    assert jm.compilation_cache_dir() == before
+
+
+_MULTIPROCESS_PROBE = """
+import json, os
+import jax
+import jmodule as jm
+from jmodule import _compilation_cache as cache
+
+default = jm.compilation_cache_dir()
+left = cache.leave_default_for_multiprocess()  # what jm.distributed.init() does after joining
+after = jm.compilation_cache_dir()
+again = cache.leave_default_for_multiprocess()
+jm.set_compilation_cache(default)  # the user's own choice, after init: kept
+kept = cache.leave_default_for_multiprocess(), jm.compilation_cache_dir()
+print(json.dumps({"default": default, "left": left, "after": after, "again": again,
+                  "kept": list(kept)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_multiprocess_job_turns_off_the_default_cache_and_keeps_the_users(tmp_path):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JMODULE_", "JAX_COMP"))}
+    out = subprocess.run(
+        [sys.executable, "-c", _MULTIPROCESS_PROBE],
+        capture_output=True,
+        text=True,
+        env={**base, "XDG_CACHE_HOME": str(tmp_path)},
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["default"] == str(tmp_path / "jmodule" / "xla")
+    assert got["left"] is True and got["after"] is None and got["again"] is False
+    assert got["kept"] == [False, got["default"]]
+    # a cache configured before the import (here, by conftest) is the user's: left alone
+    before = jm.compilation_cache_dir()
+    assert before is not None
+    assert _compilation_cache.leave_default_for_multiprocess() is False
     assert jm.compilation_cache_dir() == before

@@ -87,6 +87,8 @@ def train(layout, mesh):
 
 def main(out):
     assert dist.get_world_size() == 2 and jax.device_count() == 4, jax.devices()
+    # off in a multi-process job: JAX 0.12.1 hangs running cached programs with collectives
+    assert jm.compilation_cache_dir() is None, jm.compilation_cache_dir()
     assert len(jax.local_devices()) == 2
     mesh = dist.make_mesh()
     results = {**train("dp", mesh), **train("fsdp", mesh), **train("meta", mesh)}
