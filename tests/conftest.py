@@ -1,5 +1,6 @@
 """Test configuration: a persistent compilation cache and strict JAX settings."""
 
+import gc
 import os
 from pathlib import Path
 
@@ -20,6 +21,20 @@ import pytest
 _CACHE = os.path.join(os.path.expanduser("~"), ".cache", "jmodule-tests-jax")
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each test module, JAX's in-memory compiled programs are dropped.
+
+    A worker runs hundreds of modules; keeping every executable they compiled
+    grew each to 5-6 GB, so two workers and PyTorch swapped on a 2-core CI
+    machine. A program a later module needs again comes back from the
+    persistent compilation cache.
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
