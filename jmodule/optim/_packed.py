@@ -41,7 +41,7 @@ import numpy as np
 
 from jmodule._lowering import flat as _flat
 from jmodule._lowering import state
-from jmodule._placement.device import single_device_sharding
+from jmodule._placement.device import on_one_device, single_device_sharding
 
 __all__ = [
     "PACK_MAX_ELEMENTS",
@@ -93,7 +93,7 @@ def replicated_like(host: Any, ref: Any) -> jax.Array:
         target: jax.sharding.Sharding = jax.sharding.NamedSharding(
             sharding.mesh, jax.sharding.PartitionSpec()
         )
-    elif len(sharding.device_set) == 1:
+    elif on_one_device(sharding):
         target = single_device_sharding(next(iter(sharding.device_set)))
     else:
         return jnp.asarray(host)
