@@ -260,28 +260,6 @@ def _set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def paired(a: Callable, b: Callable, pairs: int, regime: str, block: int = 10) -> tuple:
-    """Median seconds per call of ``a`` and ``b`` alternating (see the module docstring)."""
-    ta: list[float] = []
-    tb: list[float] = []
-    if regime == "latency":
-        for i in range(pairs):
-            for f, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
-                start = time.perf_counter()
-                jax.block_until_ready(f())
-                out.append(time.perf_counter() - start)
-    else:
-        for i in range(max(1, pairs // block)):
-            for f, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
-                jax.block_until_ready(f())
-                start = time.perf_counter()
-                for _ in range(block):
-                    r = f()
-                jax.block_until_ready(r)
-                out.append((time.perf_counter() - start) / block)
-    return statistics.median(ta), statistics.median(tb)
-
-
 def alone(f: Callable, seconds: float, min_calls: int = 3) -> float:
     """Median seconds per call of ``f`` over about ``seconds`` (at least ``min_calls``)."""
     times: list[float] = []
@@ -312,9 +290,9 @@ def child(args: argparse.Namespace) -> dict:
                     threads = 1 + r % 2
                     _set_threads(threads)
                     jax.block_until_ready(b())
-                    rounds[threads].append(paired(a, b, args.pairs, regime))
+                    rounds[threads].append(harness.paired(a, b, args.pairs, regime))
                     if floor:
-                        floors[threads].append(paired(floor, b, args.pairs, regime))
+                        floors[threads].append(harness.paired(floor, b, args.pairs, regime))
                 torch_t = {n: statistics.median(t for _, t in v) for n, v in rounds.items()}
                 best = min(torch_t, key=torch_t.get)
                 ratio = statistics.median(j / t for j, t in rounds[best])

@@ -64,6 +64,36 @@ def time_calls(step: Step, calls: int, regime: str) -> float:
     raise ValueError(f"unknown regime {regime!r}")
 
 
+def paired(a: Step, b: Step, pairs: int, regime: str, block: int = 10) -> tuple[float, float]:
+    """Median seconds per call of ``a`` and ``b``, taking turns.
+
+    Latency: they alternate call by call (A, B, B, A, ...: the order reverses
+    every pair), each call blocked on and timed on its own. Pipelined: they
+    alternate in blocks of ``block`` calls blocked once at the end, timed per
+    block. A change in machine load hits both alike.
+    """
+    ta: list[float] = []
+    tb: list[float] = []
+    if regime == "latency":
+        for i in range(pairs):
+            for f, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
+                start = time.perf_counter()
+                jax.block_until_ready(f())
+                out.append(time.perf_counter() - start)
+    elif regime == "pipelined":
+        for i in range(max(1, pairs // block)):
+            for f, out in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
+                jax.block_until_ready(f())
+                start = time.perf_counter()
+                for _ in range(block):
+                    r = f()
+                jax.block_until_ready(r)
+                out.append((time.perf_counter() - start) / block)
+    else:
+        raise ValueError(f"unknown regime {regime!r}")
+    return statistics.median(ta), statistics.median(tb)
+
+
 def _interleaved(
     contestants: dict[str, Step], calls: int, rounds: int, chunks: int = 5
 ) -> dict[str, dict[str, list[float]]]:

@@ -28,6 +28,11 @@ CONFIGS = [
     (2, {"kernel_size": (2, 3), "stride": (1, 2), "ceil_mode": True}),
     (2, {"kernel_size": 3, "stride": 1, "padding": 1, "dilation": (2, 1)}),
     (3, {"kernel_size": 2, "stride": (1, 2, 2), "padding": 1}),
+    # windows that tile the input (stride = kernel, no padding): reshaped, not gathered
+    (1, {"kernel_size": 2}),
+    (2, {"kernel_size": 2}),  # 9 rows: the last is in no window
+    (2, {"kernel_size": (3, 2), "stride": (3, 2), "ceil_mode": True}),  # tiles exactly
+    (3, {"kernel_size": (1, 2, 3)}),
 ]
 
 
@@ -196,3 +201,20 @@ def test_the_last_nan_of_a_window_wins_on_every_path(fn):
     got = getattr(F, fn)(jnp.asarray(x), return_indices=True, **kwargs)[1]
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
     assert int(np.asarray(got)[0, 0, 0, 0]) == 4  # (1, 0): the later NaN in torch's order
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_tiling_windows_pool_without_gather_or_scatter(nd):
+    # MaxPool2d(2) in a small convnet: the windows are a reshape of the input, so the
+    # forward gathers nothing and the gradient scatters nothing (a gather's gradient
+    # is a scatter-add, slow on the CPU); overlapping windows still gather.
+    pool = getattr(F, f"max_pool{nd}d")
+    x = jnp.ones((2, 3, *(8, 6, 4)[:nd]))
+
+    def hlo(**kwargs):
+        step = jax.jit(jax.grad(lambda v: pool(v, **kwargs).sum()))
+        return step.lower(x).as_text()
+
+    tiled = hlo(kernel_size=2)
+    assert "gather" not in tiled and "scatter" not in tiled
+    assert "scatter" in hlo(kernel_size=2, stride=1)
