@@ -62,6 +62,7 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/conv.py
 	$(PY) benchmarks/scan.py
 	$(PY) benchmarks/eager.py
+	$(PY) benchmarks/models.py
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/readme_table.py
 

@@ -22,10 +22,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["FUSED_OPERANDS", "concat", "stack"]
+__all__ = ["FUSED_OPERANDS", "PACK_MAX_TOTAL", "concat", "stack"]
 
 #: The most operands of a ``concatenate`` that XLA:CPU fuses with their producers.
 FUSED_OPERANDS = 8
+
+#: Packing (the ``.grad`` outputs, the optimizer's buckets) is for steps over at most
+#: this many parameter elements in all. It saves the host a few microseconds per
+#: array, which is the cost of a step whose arithmetic is small (MLP 16-32-32-10,
+#: Adam: 1.05x plain JAX packed, 1.4x not); in a larger step the gathers and slices
+#: it adds cost more than that (measured in ``benchmarks/models.py``: ResNet-18 of
+#: the tests, 700k elements, 1.10x plain JAX with its gradients packed, 1.03x not;
+#: nanoGPT, 800k, 1.05x with AdamW's state packed, 1.01x not).
+PACK_MAX_TOTAL = 1 << 18
 
 
 def stack(parts: Sequence[Any]) -> Any:

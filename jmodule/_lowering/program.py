@@ -128,14 +128,6 @@ class Group(NamedTuple):
 #: small parameters are): one output array instead of one per parameter.
 PACK_GRAD_MAX_ELEMENTS = 1 << 16
 
-#: ... and only by a step whose gradients have at most this many elements in all.
-#: Packing saves the host a few microseconds per output, which is the step's cost
-#: when its arithmetic is small (MLP 16-32-32-10, Adam: 1.05x plain JAX packed,
-#: 1.4x not); in a larger step the gather it adds at the end of the backward costs
-#: more than that (ResNet-18 of the tests, 700k gradient elements: 1.10x plain
-#: JAX packed, 1.03x not).
-PACK_GRAD_MAX_TOTAL = 1 << 18
-
 
 def _pack_grads(
     slots: Sequence[Slot],
@@ -150,10 +142,11 @@ def _pack_grads(
     each costs the call an output array and, on the next call, freeing the
     old one. Packed, the step writes one array per dtype, and each ``.grad``
     is a :class:`~state.PackedGrad` slice of it until read. A step with more
-    than :data:`PACK_GRAD_MAX_TOTAL` gradient elements writes them unpacked.
+    than :data:`~jmodule._lowering.flat.PACK_MAX_TOTAL` gradient elements writes
+    them unpacked.
     """
     grads = [v for i, v in zip(idx, values) if slots[i][1] == "grad" and v is not None]
-    if sum(v.size for v in grads) > PACK_GRAD_MAX_TOTAL:
+    if sum(v.size for v in grads) > _flat.PACK_MAX_TOTAL:
         return Changed(idx, values, (), stacks)
     groups: dict[Any, list[tuple[int, Any]]] = {}
     for i, v in zip(idx, values):

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jmodule._lowering import flat as _flat
 from jmodule._lowering import state as _state
 from jmodule._lowering import structure
 from jmodule._lowering import tracebacks as _tracebacks
@@ -1025,17 +1026,23 @@ class TorchOptimizer(Optimizer):
         """Lay out the group's state in buckets (see ``_packed.py``).
 
         Small parameters on one device with one dtype (two or more) are packed
-        flat; the others on the same devices (two or more) share their step
-        counts in a :class:`SharedBucket`.
+        flat, unless the optimizer's parameters have more than
+        :data:`~jmodule._lowering.flat.PACK_MAX_TOTAL` elements in all; the
+        others on the same devices (two or more) share their step counts in a
+        :class:`SharedBucket`.
         """
         cfg = self._structure(group)
         flat: dict[tuple, list[Parameter]] = {}
         shared: dict[Any, list[Parameter]] = {}
+        # a large step: packing's gathers cost more than the arrays it saves (_flat)
+        small = _flat.PACK_MAX_TOTAL >= sum(
+            _state.peek(p).size for g in self.param_groups for p in g["params"] if p.requires_grad
+        )
         for p in group["params"]:
             if p in self._packed or not p.requires_grad:
                 continue  # a frozen parameter gets no gradient: it steps, if ever, alone
             value = _state.peek(p)
-            where = packable(value)
+            where = packable(value) if small else None
             if where is not None:
                 flat.setdefault(where, []).append(p)
             elif place_of(value) is not None:

@@ -483,10 +483,10 @@ def test_step_closure_computing_before_its_backward_gets_a_clear_error():
 def test_a_large_step_writes_its_small_gradients_unpacked(monkeypatch):
     # Packing saves per-output host time, which only a small step notices; in a
     # large one the gather costs more (ResNet-18: 1.10x plain JAX packed, 1.03x not).
-    from jmodule._lowering import program
+    from jmodule._lowering import flat
 
     def run(total):
-        monkeypatch.setattr(program, "PACK_GRAD_MAX_TOTAL", total)
+        monkeypatch.setattr(flat, "PACK_MAX_TOTAL", total)
         model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
         eager = copy.deepcopy(model)
         opt = optim.SGD(model.parameters(), lr=0.1)
