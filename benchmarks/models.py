@@ -255,6 +255,10 @@ def child(args: argparse.Namespace) -> dict:
                 "jmodule @jm.compile": statistics.median(j for j, _ in vs_floor),
                 f"pytorch eager ({best} thread{'s' if best > 1 else ''})": torch_t[best],
                 f"pytorch eager ({3 - best} thread{'s' if best == 1 else ''})": torch_t[3 - best],
+                # alternating with PyTorch, whose spinning threads share the two cores
+                "jmodule @jm.compile, in the PyTorch pairs": statistics.median(
+                    j for j, _ in vs_torch[best]
+                ),
             }
             print(
                 f"{name}: jm/floor {out['figures'][f'{name} floor']:.3f}, "
