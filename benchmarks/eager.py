@@ -464,6 +464,9 @@ def main() -> None:
             ("CNN XLA compiles from the third step on", float(sum(cold["compiles"][2:])), 0.0),
         ):
             harness.figure(figures, text, "first steps", value, value, target)
+    if args.models != list(MODELS) or args.no_first:  # results/ holds whole runs only
+        print("\na partial run (--models or --no-first): benchmarks/results/ left as it was")
+        return
     harness.save_results("eager", tables, figures=figures)
     out = harness.RESULTS / "eager_runs.json"
     out.write_text(json.dumps(data, indent=1) + "\n")

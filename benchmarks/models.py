@@ -353,6 +353,9 @@ def main() -> None:
             statistics.median(a / f for a, f in pairs),
             TARGETS["compile"],
         )
+    if args.models != list(MODELS):  # results/ holds whole runs only
+        print("\na partial run (--models): benchmarks/results/ left as it was")
+        return
     harness.save_results("models", tables, figures=figures)
     (harness.RESULTS / "models_runs.json").write_text(json.dumps(runs, indent=1) + "\n")
 
