@@ -32,7 +32,7 @@ FUSED_OPERANDS = 8
 #: array, which is the cost of a step whose arithmetic is small (MLP 16-32-32-10,
 #: Adam: 1.05x plain JAX packed, 1.4x not); in a larger step the gathers and slices
 #: it adds cost more than that (measured in ``benchmarks/models.py``: ResNet-18 of
-#: the tests, 700k elements, 1.10x plain JAX with its gradients packed, 1.03x not;
+#: the tests, 700k elements, 1.10x plain JAX with its gradients packed, 1.02x not;
 #: nanoGPT, 800k, 1.05x with AdamW's state packed, 1.01x not).
 PACK_MAX_TOTAL = 1 << 18
 

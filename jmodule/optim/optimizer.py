@@ -987,8 +987,12 @@ class TorchOptimizer(Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 self._record(group, p)
+        # a large step: packing's gathers cost more than the arrays it saves (_flat)
+        small = _flat.PACK_MAX_TOTAL >= sum(
+            _state.peek(p).size for g in self.param_groups for p in g["params"] if p.requires_grad
+        )
         for i, group in enumerate(self.param_groups):
-            self._buckets[i] = self._pack_group(group)
+            self._buckets[i] = self._pack_group(group, small)
         self._version += 1
         self._organized = (self._version, self._structure_key(), _state.version(self))
 
@@ -1022,22 +1026,18 @@ class TorchOptimizer(Optimizer):
         per_param = frozenset(n for (_, n), shape in zip(layout, shapes) if shape == ())
         return layout, per_param
 
-    def _pack_group(self, group: dict[str, Any]) -> list[Bucket]:
+    def _pack_group(self, group: dict[str, Any], small: bool) -> list[Bucket]:
         """Lay out the group's state in buckets (see ``_packed.py``).
 
         Small parameters on one device with one dtype (two or more) are packed
-        flat, unless the optimizer's parameters have more than
-        :data:`~jmodule._lowering.flat.PACK_MAX_TOTAL` elements in all; the
+        flat when the optimizer's are ``small`` (at most
+        :data:`~jmodule._lowering.flat.PACK_MAX_TOTAL` elements in all); the
         others on the same devices (two or more) share their step counts in a
         :class:`SharedBucket`.
         """
         cfg = self._structure(group)
         flat: dict[tuple, list[Parameter]] = {}
         shared: dict[Any, list[Parameter]] = {}
-        # a large step: packing's gathers cost more than the arrays it saves (_flat)
-        small = _flat.PACK_MAX_TOTAL >= sum(
-            _state.peek(p).size for g in self.param_groups for p in g["params"] if p.requires_grad
-        )
         for p in group["params"]:
             if p in self._packed or not p.requires_grad:
                 continue  # a frozen parameter gets no gradient: it steps, if ever, alone
