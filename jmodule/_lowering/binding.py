@@ -10,6 +10,7 @@ containers are bound is recorded for this thread only (``state.local``).
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -99,6 +100,10 @@ class Snapshot:
 
 
 _REGISTRIES = frozenset({"_parameters", "_buffers", "_modules"})
+#: Types of attribute values that never hold a tracer (most of a module's attributes).
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+#: Containers ``_new_tracer`` looks into (an empty one holds none: the hook registries).
+_CONTAINERS = frozenset({dict, OrderedDict, list, tuple})
 
 
 def find_leak(named_modules: Sequence[tuple[str | None, Any]], allowed: set[int]) -> str | None:
@@ -107,14 +112,12 @@ def find_leak(named_modules: Sequence[tuple[str | None, Any]], allowed: set[int]
     Tracers in ``allowed`` (those an enclosing trace had put there) are fine.
     """
     for path, m in named_modules:
-        cls = type(m).__name__
-        if path is None:  # a module called by a differentiated closure
-            where = f"a {cls} called in the closure"
-        else:
-            where = f"'{path}' ({cls})" if path else f"the root ({cls})"
         for name, v in m.__dict__.items():
-            if name not in _REGISTRIES and _new_tracer(v, allowed):
-                return f"attribute '{name}' of {where}"
+            t = type(v)
+            if t in _PLAIN or (t in _CONTAINERS and not v) or name in _REGISTRIES:
+                continue
+            if _new_tracer(v, allowed):
+                return f"attribute '{name}' of {_where(path, m)}"
         # State in containers an enclosing trace has bound is that trace's to check.
         for name, p in m._parameters.items():
             if p is not None and not state.is_bound(p.__dict__):
@@ -122,12 +125,20 @@ def find_leak(named_modules: Sequence[tuple[str | None, Any]], allowed: set[int]
                 if type(v) is state.StackedValue:  # a block of a stacked value it was given
                     v = None if id(v) in allowed else v.stack
                 if _new_tracer(v, allowed):
-                    return f"parameter '{name}' of {where}"
+                    return f"parameter '{name}' of {_where(path, m)}"
         if not state.is_bound(m._buffers):
             for name, b in m._buffers.items():
                 if _new_tracer(b, allowed):
-                    return f"buffer '{name}' of {where}"
+                    return f"buffer '{name}' of {_where(path, m)}"
     return None
+
+
+def _where(path: str | None, m: Any) -> str:
+    """How a leak message names module ``m`` at ``path``."""
+    cls = type(m).__name__
+    if path is None:  # a module called by a differentiated closure
+        return f"a {cls} called in the closure"
+    return f"'{path}' ({cls})" if path else f"the root ({cls})"
 
 
 LEAK_HELP = (
@@ -173,9 +184,13 @@ def check_and_restore(
     """
     leak = None
     if ok:
-        for snap in snapshots:
-            snap.known(allowed)
+        # Values the modules held before the trace are allowed too; collecting their
+        # ids costs a pass over every attribute, so only when a first look finds one.
         leak = find_leak(named_modules, allowed)
+        if leak:
+            for snap in snapshots:
+                snap.known(allowed)
+            leak = find_leak(named_modules, allowed)
     if not ok or leak:
         new_buffer = _new_buffer(snapshots, allowed) if leak and compiled else None
         for snap in snapshots:

@@ -48,6 +48,7 @@ import numpy as np
 from jax.extend.core import set_current_trace as _set_current_trace
 
 from jmodule import _jax_internals as _jx
+from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 from jmodule._jax_internals import EvalTrace as _EvalTrace
 from jmodule._jax_internals import bind_with_trace as _bind_with_trace
 from jmodule._jax_internals import current_trace as _current_trace
@@ -108,7 +109,7 @@ class TapeTracer(jax.core.Tracer):
 
     def __init__(self, trace: TapeTrace, val: Any, node: _Node, index: int):
         self._trace = trace
-        self.aval = jax.typeof(val)
+        self.aval = val.aval if type(val) is _ArrayImpl else jax.typeof(val)
         self.val = val
         self.node = node
         self.index = index
@@ -442,7 +443,9 @@ class TapeTrace(jax.core.Trace):
         kinds = tuple(
             _NONE if v is None else _GIVEN if s is None else _TRACKED for v, s in zip(vals, srcs)
         )
-        types = tuple(None if v is None else jax.typeof(v) for v in vals)
+        types = tuple(
+            None if v is None else v.aval if type(v) is _ArrayImpl else jax.typeof(v) for v in vals
+        )
         op = _compiled((key, types, kinds), make, kinds)
         given = [v for v in vals if v is not None]
         with _set_current_trace(self.parent_trace):

@@ -207,6 +207,33 @@ def test_tracer_leak_raises_and_leaves_module_unchanged(cls):
     assert model.fc(jnp.ones((1, 2))).shape == (1, 2)
 
 
+def test_a_value_held_before_the_trace_is_no_leak_and_a_new_one_is():
+    """The leak check allows what the modules held when the trace began (an enclosing
+    trace's values) and names a traced value stored during it, in attributes and lists."""
+    from jmodule._lowering import binding
+
+    m = nn.Linear(2, 2)
+    m.history = []
+
+    def outer(t):
+        m.__dict__["scale"] = t  # an enclosing trace's value, there before the inner trace
+        snap = binding.Snapshot(m)
+        binding.check_and_restore([snap], [("", m)], True, set())
+        for store, what in (
+            (lambda: m.__dict__.__setitem__("other", t * 2), "attribute 'other'"),
+            (lambda: m.history.append(t * 3), "attribute 'history'"),
+        ):
+            store()
+            with pytest.raises(binding.TracerLeakError, match=what):
+                binding.check_and_restore([snap], [("", m)], True, set())
+            assert not hasattr(m, "other") and m.history == []  # restored
+        del m.__dict__["scale"]
+        return t
+
+    jax.jit(outer)(jnp.ones(2))
+    assert not hasattr(m, "scale")
+
+
 def test_bare_jax_jit_around_stateful_module_is_refused_clearly():
     bn = nn.BatchNorm1d(3)
     with pytest.raises(jm.TracerLeakError, match=r"model\.compile"):

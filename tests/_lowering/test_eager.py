@@ -336,6 +336,66 @@ def test_a_backward_hook_replacing_gradients_still_does():
     assert np.any(np.asarray(model[2].weight.grad) != 0)
 
 
+_KEYWORD_CALLS = {
+    "relu": (lambda F_, h: F_.relu(h, inplace=True), lambda h: torch.relu(h)),
+    "gelu": (
+        lambda F_, h: F_.gelu(h, approximate="tanh"),
+        lambda h: torch.nn.functional.gelu(h, approximate="tanh"),
+    ),
+    "leaky_relu": (
+        lambda F_, h: F_.leaky_relu(h, negative_slope=0.2),
+        lambda h: torch.nn.functional.leaky_relu(h, negative_slope=0.2),
+    ),
+    "elu_all_keywords": (
+        lambda F_, h: F_.elu(input=h, alpha=0.5),
+        lambda h: torch.nn.functional.elu(h, alpha=0.5),
+    ),
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", sorted(_KEYWORD_CALLS))
+def test_functional_layers_called_with_keywords_bind_no_signature(name, monkeypatch):
+    """``F.relu(x, inplace=self.inplace)`` (as ``nn.ReLU`` calls it) takes the positional
+    path: no ``inspect`` binding per call, eagerly or on the tape; values and gradients
+    as torch's."""
+    import inspect
+
+    f, tf = _KEYWORD_CALLS[name]
+    xn = _data((4, 5))[0]
+    m = nn.Linear(5, 3)
+    tm = torch.nn.Linear(5, 3)
+    m.load_state_dict(tm.state_dict())
+    x = jnp.asarray(xn)
+    f(F, m(x))  # the first calls trace (JAX binds signatures then)
+    jm.backward(lambda: f(F, m(x)).sum())
+    m.zero_grad()
+    bound = []
+    original = inspect.Signature.bind
+    monkeypatch.setattr(
+        inspect.Signature, "bind", lambda self, *a, **k: bound.append(1) or original(self, *a, **k)
+    )
+    out = f(F, m(x))
+    loss = jm.backward(lambda: f(F, m(x)).sum())
+    assert bound == []
+    tout = tf(tm(torch.from_numpy(xn)))
+    tout.sum().backward()
+    np.testing.assert_allclose(np.asarray(out), tout.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(loss), float(tout.detach().sum()), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(m.weight.grad), tm.weight.grad.numpy(), rtol=1e-5)
+
+
+def test_functional_layers_keep_pythons_errors_for_bad_keywords():
+    x = jnp.ones(3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        F.relu(x, bogus=True)
+    with pytest.raises(TypeError, match="multiple values for argument 'input'"):
+        F.relu(x, input=x)
+    with pytest.raises(TypeError, match="missing a required argument: 'input'"):
+        F.leaky_relu(negative_slope=0.2)
+    np.testing.assert_array_equal(np.asarray(F.relu(input=-x, inplace=False)), np.zeros(3))
+
+
 def test_frozen_parameters_accumulation_and_graph_options():
     model = _mlp(jm.nn)
     x = jnp.asarray(_data((6, 12))[0])

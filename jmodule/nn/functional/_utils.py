@@ -140,6 +140,30 @@ def jit(
         # of each static argument is known.
         n_positional = len(kinds) if all(k == positional for k in kinds) else 0
         static_at = frozenset(i for i, n in enumerate(signature.parameters) if n in static)
+        names = tuple(signature.parameters)
+        position = {n: i for i, n in enumerate(names)}
+        defaults = tuple(p.default for p in signature.parameters.values())
+
+        def positional(args: tuple, kwargs: dict) -> tuple | None:
+            """``args`` and ``kwargs`` as positional arguments (defaults filling the gaps), or
+            None where only binding the signature can tell (or raise PyTorch's error)."""
+            n = len(args)
+            try:
+                at = [position[k] for k in kwargs]
+            except KeyError:
+                return None
+            if min(at) < n:
+                return None
+            out = list(args)
+            for i in range(n, max(at) + 1):
+                name = names[i]
+                if name in kwargs:
+                    out.append(kwargs[name])
+                elif defaults[i] is inspect.Parameter.empty:
+                    return None
+                else:
+                    out.append(defaults[i])
+            return tuple(out)
 
         def full(n: int, statics: tuple, dynamic: Sequence[Any]) -> list:
             s, d = iter(statics), iter(dynamic)
@@ -147,6 +171,10 @@ def jit(
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if kwargs and n_positional:  # F.relu(x, inplace=True): by position, no binding
+                given = positional(args, kwargs)
+                if given is not None:
+                    args, kwargs = given, {}
             if not kwargs and len(args) <= n_positional and _state.local.autocast is None:
                 args = tuple(
                     _freeze(v)
