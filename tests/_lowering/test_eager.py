@@ -382,7 +382,8 @@ def test_functional_layers_called_with_keywords_bind_no_signature(name, monkeypa
     tout.sum().backward()
     np.testing.assert_allclose(np.asarray(out), tout.detach().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(loss), float(tout.detach().sum()), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(m.weight.grad), tm.weight.grad.numpy(), rtol=1e-5)
+    grad, tgrad = np.asarray(m.weight.grad), tm.weight.grad.numpy()
+    np.testing.assert_allclose(grad, tgrad, rtol=1e-5, atol=1e-6)  # float32: sums differ in order
 
 
 def test_functional_layers_keep_pythons_errors_for_bad_keywords():
