@@ -159,7 +159,9 @@ class CheckpointManager:
 
         With ``async_``, errors met while writing (a step lost to another
         writer, a full disk, an unwritable directory) are raised by the next
-        call that waits for this save instead (or reported at exit).
+        call that waits for this save instead (or reported at exit). A
+        ``save`` that raises an earlier save's error has started its own save
+        first: one failed step does not lose the next.
         """
         if type(step) is not int or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -173,37 +175,58 @@ class CheckpointManager:
                 "which every process calls with the same path."
             )
         with self._lock:
-            self._finish()
-            path = self._path(step)
-            if path.exists() and not overwrite:
-                raise CheckpointExistsError(
-                    f"step {step} already exists in '{self.directory}'; pass overwrite=True "
-                    "to replace it"
-                )
-            prepared = _directory.prepare(obj, snapshot=self.async_)
-            if not self.async_:
-                self._write(prepared, step, overwrite)
-                return True
-            future: concurrent.futures.Future = concurrent.futures.Future()
-
-            def write() -> None:
-                future.set_running_or_notify_cancel()
-                try:
-                    self._write(prepared, step, overwrite)
-                except BaseException as error:  # reported by the next call, or at exit
-                    future.set_exception(error)
-                else:
-                    future.set_result(None)
-
-            # A thread of its own (not a daemon: Python waits for it), not an executor:
-            # while Python exits neither may take new work, and the save is then written
-            # here instead (``_threads``).
-            thread = threading.Thread(target=write, name=f"jm-checkpoint step {step}")
-            _inflight.track(future, f"step {step} to '{path}'")
-            self._pending.append(future)
-            if not _threads.start(thread):
-                write()
+            # An earlier background save's error is raised by this call, but only once
+            # this step's save has started: one failed step does not lose the next.
+            earlier = self._take_error()
+            try:
+                self._start(step, obj, overwrite)
+            except BaseException:
+                if earlier is not None:  # still the next call's to raise
+                    self._errors.insert(0, earlier)
+                raise
+            if earlier is not None:
+                raise earlier
         return True
+
+    def _take_error(self) -> BaseException | None:
+        """Wait for the saves in flight (holding the lock); the first error not raised."""
+        try:
+            self._finish()
+        except BaseException as error:
+            return error
+        return None
+
+    def _start(self, step: int, obj: Any, overwrite: bool) -> None:
+        """Write ``step`` (holding the lock), in the background with ``async_``."""
+        path = self._path(step)
+        if path.exists() and not overwrite:
+            raise CheckpointExistsError(
+                f"step {step} already exists in '{self.directory}'; pass overwrite=True "
+                "to replace it"
+            )
+        prepared = _directory.prepare(obj, snapshot=self.async_)
+        if not self.async_:
+            self._write(prepared, step, overwrite)
+            return
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def write() -> None:
+            future.set_running_or_notify_cancel()
+            try:
+                self._write(prepared, step, overwrite)
+            except BaseException as error:  # reported by the next call, or at exit
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+        # A thread of its own (not a daemon: Python waits for it), not an executor:
+        # while Python exits neither may take new work, and the save is then written
+        # here instead (``_threads``).
+        thread = threading.Thread(target=write, name=f"jm-checkpoint step {step}")
+        _inflight.track(future, f"step {step} to '{path}'")
+        self._pending.append(future)
+        if not _threads.start(thread):
+            write()
 
     def _write(self, prepared: _directory.Prepared, step: int, overwrite: bool) -> None:
         try:

@@ -163,19 +163,16 @@ def _manager_steps(d: Path, who: int, async_: bool, steps: int, mb: float) -> di
     for step in range(steps):
         obj = state(who, step, mb)
         _meet(d / "meet", step, who)
-        while True:
-            try:
-                manager.save(step, obj)
-                in_flight = step
-                break
-            except Exception as e:
-                # Async: the error of an earlier step's background save, raised by
-                # this save before it started: note it and start this one again.
-                failed = _step_of(e, step if in_flight is None else in_flight)
-                lost[failed] = f"{type(e).__name__}: {e}"
-                in_flight = None
-                if failed == step:
-                    break
+        try:
+            manager.save(step, obj)
+            in_flight = step
+        except Exception as e:
+            # Async: the error of an earlier step's background save, raised by this
+            # save once it had started its own (then this step is in flight); or this
+            # step's own error (it was not started).
+            failed = _step_of(e, step if in_flight is None else in_flight)
+            lost[failed] = f"{type(e).__name__}: {e}"
+            in_flight = None if failed == step else step
     try:
         manager.wait_until_finished()
     except Exception as e:

@@ -156,9 +156,10 @@ def test_background_errors_surface_on_the_next_call(tmp_path, monkeypatch):
         manager.wait_until_finished()
     manager.save(1, _state(1))
     with pytest.raises(OSError, match="disk full"):
-        manager.save(2, _state(2))
+        manager.save(2, _state(2))  # step 1's error, raised once step 2's save has started
     monkeypatch.undo()
-    manager.save(3, _state(3))
+    with pytest.raises(OSError, match="disk full"):
+        manager.save(3, _state(3))  # step 2's (the disk was still full), step 3 written
     manager.close()
     assert manager.all_steps() == [3]
 

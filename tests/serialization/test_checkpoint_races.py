@@ -303,3 +303,34 @@ def test_a_failed_background_save_raises_exactly_once_whichever_thread_waits(tmp
         assert len(failures) == 1, (trial, raised)
         assert [e for e in raised if e not in failures] == [], (trial, raised)
         assert 6 in steps and 5 not in steps, (trial, steps)
+
+
+def test_a_save_that_raises_an_earlier_failure_still_saves_its_own_step(tmp_path):
+    """The order that made the racing test above flaky, forced: step 5's background save
+    fails before step 6's save is called. save(6) raises step 5's error (once), and step 6
+    is written all the same."""
+    import concurrent.futures
+
+    (tmp_path / "5").mkdir()
+    (tmp_path / "5" / "notes.txt").write_text("not a checkpoint")
+    manager = CheckpointManager(tmp_path, async_=True)
+    manager.save(5, {"w": np.full(4, 5.0)}, overwrite=True)
+    concurrent.futures.wait(manager._pending)  # step 5's save has failed; nobody took it yet
+    with pytest.raises(jms.CheckpointError, match="not a jmodule checkpoint"):
+        manager.save(6, {"w": np.full(4, 6.0)})
+    manager.wait_until_finished()  # nothing more to raise
+    assert manager.all_steps() == [6]
+    np.testing.assert_array_equal(manager.restore(6)["w"], np.full(4, 6.0))
+    # An earlier error is not lost when the save that takes it fails on its own account.
+    manager2 = CheckpointManager(tmp_path / "m2", async_=True)
+    (tmp_path / "m2" / "1").mkdir()
+    (tmp_path / "m2" / "1" / "notes.txt").write_text("not a checkpoint")
+    manager2.save(1, {"w": np.zeros(2)}, overwrite=True)
+    concurrent.futures.wait(manager2._pending)
+    (tmp_path / "m2" / "2").mkdir()
+    with pytest.raises(jms.CheckpointExistsError):
+        manager2.save(2, {"w": np.zeros(2)})  # step 2 exists: this call's own error
+    with pytest.raises(jms.CheckpointError, match="not a jmodule checkpoint"):
+        manager2.wait_until_finished()  # step 1's, raised by the next call
+    manager2.close()
+    manager.close()
