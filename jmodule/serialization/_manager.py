@@ -178,6 +178,8 @@ class CheckpointManager:
             # An earlier background save's error is raised by this call, but only once
             # this step's save has started: one failed step does not lose the next.
             earlier = self._take_error()
+            if earlier is not None and not isinstance(earlier, Exception):
+                raise earlier  # KeyboardInterrupt (in a writer, or while waiting): stop here
             try:
                 self._start(step, obj, overwrite)
             except BaseException:

@@ -334,3 +334,28 @@ def test_a_save_that_raises_an_earlier_failure_still_saves_its_own_step(tmp_path
         manager2.wait_until_finished()  # step 1's, raised by the next call
     manager2.close()
     manager.close()
+
+
+def test_an_interrupted_background_save_stops_the_next_save_before_it_starts(tmp_path, monkeypatch):
+    """A KeyboardInterrupt is not an earlier failure to report after saving: the save that
+    meets it raises it at once and writes nothing."""
+    import concurrent.futures
+
+    manager = CheckpointManager(tmp_path, async_=True)
+    real = _directory.write
+
+    def interrupted(prepared, path, overwrite=False):
+        if Path(path).name == "0":
+            raise KeyboardInterrupt
+        return real(prepared, path, overwrite=overwrite)
+
+    monkeypatch.setattr(_directory, "write", interrupted)
+    manager.save(0, {"w": np.zeros(2)})
+    concurrent.futures.wait(manager._pending)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(1, {"w": np.ones(2)})
+    manager.wait_until_finished()
+    assert manager.all_steps() == []
+    manager.save(2, {"w": np.ones(2)})
+    manager.close()
+    assert manager.all_steps() == [2]
