@@ -136,6 +136,11 @@ def _conv(
             f"than actual input size (input shape {tuple(x.shape)})"
         )
     out_spatial = _lowering.output_size(x.shape[2:], kernel, stride, pads, dilation)
+    if _lowering.use_direct(w.shape[1], kernel):  # and with few input channels
+        out = _lowering.conv_direct(
+            x, w, stride, pads, dilation, groups, preferred_element_type=compute_dtype(dtype)
+        )
+        return _finish(out, b, dtype, batched)
     if _lowering.use_matmul(out_spatial):  # XLA:CPU's convolution is slow on small maps
         out = _lowering.conv_matmul(
             x, w, stride, pads, dilation, groups, preferred_element_type=compute_dtype(dtype)

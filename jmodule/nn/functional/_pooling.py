@@ -308,6 +308,40 @@ def _window_max_jvp(primals: tuple, tangents: tuple) -> tuple:
     return _window_max(t), jnp.sum(jnp.where(onehot, dt, jnp.zeros_like(dt)), axis=-1)
 
 
+def _tap_slices(x: jax.Array, k: tuple[int, ...], out: tuple[int, ...]) -> list[jax.Array]:
+    """The element at each window position (in walk order) of windows that tile ``x``."""
+    return [
+        x[(slice(None), slice(None), *(slice(j, j + o * m, m) for j, o, m in zip(at, out, k)))]
+        for at in itertools.product(*(range(m) for m in k))
+    ]
+
+
+def _windows_last(x: jax.Array, k: tuple[int, ...], out: tuple[int, ...]) -> jax.Array:
+    """``(N, C, *out, prod(k))``: the windows tiling ``x``, each along the last axis."""
+    nd = len(k)
+    x = x[(slice(None), slice(None), *(slice(0, o * m) for o, m in zip(out, k)))]
+    t = x.reshape(*x.shape[:2], *(v for o, m in zip(out, k) for v in (o, m)))
+    order = (*range(2, 2 + 2 * nd, 2), *range(3, 3 + 2 * nd, 2))
+    return t.transpose(0, 1, *order).reshape(*x.shape[:2], *out, math.prod(k))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _tiles_max(x: jax.Array, k: tuple[int, ...], out: tuple[int, ...]) -> jax.Array:
+    """The largest element of each window tiling ``x`` (NaN if any is NaN).
+
+    Its value is the elementwise maximum of one strided slice per window
+    element, which XLA computes in one pass (about 2x faster than the reduction
+    over windows moved last, on the CPU); its derivative is that reduction's
+    (:func:`_window_max`), so gradients reach the walk's winner only.
+    """
+    return functools.reduce(jnp.maximum, _tap_slices(x, k, out))
+
+
+@_tiles_max.defjvp
+def _tiles_max_jvp(k: tuple, out: tuple, primals: tuple, tangents: tuple) -> tuple:
+    return jax.jvp(lambda v: _window_max(_windows_last(v, k, out)), primals, tangents)
+
+
 def _tile_max(x: jax.Array, win: _Windows, return_indices: bool) -> Any:
     """Max pooling over windows that tile the input (see :func:`_tiles`).
 
@@ -319,18 +353,16 @@ def _tile_max(x: jax.Array, win: _Windows, return_indices: bool) -> Any:
     tables and scatters took 1.5 ms of a 3.7 ms training step on the CPU).
     """
     nd = x.ndim - 2
-    n, c = x.shape[:2]
     k, out, sizes = tuple(win.k), tuple(win.out), x.shape[2:]
-    x = x[(slice(None), slice(None), *(slice(0, o * m) for o, m in zip(out, k)))]
-    t = x.reshape(n, c, *(v for o, m in zip(out, k) for v in (o, m)))
-    order = (*range(2, 2 + 2 * nd, 2), *range(3, 3 + 2 * nd, 2))
-    t = t.transpose(0, 1, *order).reshape(n, c, *out, math.prod(k))
+    if not return_indices:  # the value by slices: about 2x faster (see _tiles_max)
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            return _tiles_max(x, k, out)
+        return functools.reduce(jnp.maximum, _tap_slices(x, k, out))
+    t = _windows_last(x, k, out)
     if jnp.issubdtype(t.dtype, jnp.inexact):
         result = _window_max(t)
     else:  # nothing to differentiate
         result = _window_walk(t)[0]
-    if not return_indices:
-        return result
     at = _window_walk(jax.lax.stop_gradient(t))[1]
     flat = jnp.zeros(at.shape, jnp.int32)
     rest = at

@@ -10,6 +10,7 @@ built to hit each case, for 1-3-D, stride, padding, dilation and ceil_mode.
 """
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -73,6 +74,58 @@ def test_values_indices_and_gradients_match_torch(nd, kwargs, seed):
     close = {"rtol": 1e-6, "atol": 1e-6}
     np.testing.assert_allclose(np.asarray(grad(jnp.asarray(x))), want_grad, **close)
     np.testing.assert_allclose(np.asarray(jax.jit(grad)(jnp.asarray(x))), want_grad, **close)
+
+
+TILING = [
+    (nd, kwargs) for nd, kwargs in CONFIGS if kwargs.get("stride", 0) in (0, kwargs["kernel_size"])
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("nd", "kwargs"), TILING)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tiling_windows_values_without_indices_match_torch(nd, kwargs, seed):
+    # Without return_indices the value is the maximum of one strided slice per window
+    # element (no reduction): NaN wherever a window holds one, -inf for all -inf windows.
+    x = _hostile(nd, seed)
+    want = getattr(TF, f"max_pool{nd}d")(torch.from_numpy(x), **kwargs).numpy()
+    pool = getattr(F, f"max_pool{nd}d")
+    np.testing.assert_array_equal(np.asarray(pool(jnp.asarray(x), **kwargs)), want)
+    jitted = jax.jit(lambda v: pool(v, **kwargs))
+    np.testing.assert_array_equal(np.asarray(jitted(jnp.asarray(x))), want)
+    ints = np.nan_to_num(x, nan=7, neginf=-9).astype(np.int32)
+    np.testing.assert_array_equal(
+        np.asarray(pool(jnp.asarray(ints), **kwargs)),
+        getattr(TF, f"max_pool{nd}d")(torch.from_numpy(ints).double(), **kwargs).numpy(),
+    )
+
+
+def test_tiling_windows_forward_is_elementwise_and_its_gradient_the_walks():
+    x = jnp.asarray(_hostile(2, 0))
+
+    def primitives(fn):
+        seen = set()
+
+        def walk(jaxpr):
+            for eqn in jaxpr.eqns:
+                seen.add(eqn.primitive.name)
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    walk(sub)
+
+        walk(jax.make_jaxpr(fn)(x).jaxpr)
+        return seen
+
+    assert "reduce" not in primitives(lambda v: F.max_pool2d(v, 2))  # slices and max
+    assert "reduce" in primitives(lambda v: F.max_pool2d(v, 2, return_indices=True)[1])
+    # the gradient of the elementwise value reaches the winner of the walk: the first
+    # maximum of each window (a tie's other elements get nothing), the last NaN
+    v = np.zeros((1, 1, 2, 4), np.float32)
+    v[0, 0, :, 2:] = [[1.0, np.nan], [np.nan, 2.0]]
+    (g,) = jax.vjp(lambda u: F.max_pool2d(u, 2), jnp.asarray(v))[1](jnp.ones((1, 1, 1, 2)))
+    xt = torch.from_numpy(v).requires_grad_(True)
+    TF.max_pool2d(xt, 2).backward(torch.ones(1, 1, 1, 2))
+    np.testing.assert_array_equal(np.asarray(g), xt.grad.numpy())
+    assert np.asarray(g)[0, 0, 1, 2] == 1.0 and np.asarray(g)[0, 0, 0, 0] == 1.0
 
 
 @pytest.mark.slow
