@@ -47,6 +47,8 @@ MODULES = {
     "optimizer": "jmodule.optim.optimizer",
     "_fusion": "jmodule.nn.modules._fusion",
     "_compilation_cache": "jmodule._compilation_cache",
+    "_pooling": "jmodule.nn.functional._pooling",
+    "_conv_lowering": "jmodule.nn.functional._conv_lowering",
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"

@@ -100,6 +100,7 @@ def test_tiling_windows_values_without_indices_match_torch(nd, kwargs, seed):
     )
 
 
+@pytest.mark.torch
 def test_tiling_windows_forward_is_elementwise_and_its_gradient_the_walks():
     x = jnp.asarray(_hostile(2, 0))
 
