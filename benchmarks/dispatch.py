@@ -33,13 +33,23 @@ previous call's computation, so a figure below 1 is possible there; in the
 latency regime it cannot overlap. The construct + call row also blocks on
 the constructed ``Linear``'s parameters, as does the construct-alone row.
 
+(d) The deep model's forward (b) timed call by call (issue 28): jmodule's
+``model.compile()`` and the floor alternate one call at a time
+(``harness.paired``: latency blocks each call; pipelined alternates blocks of
+10 calls), ``--paired-rounds`` rounds of ``--pairs`` pairs per process, each
+round's ratio of medians, the median round per process, in
+``--processes`` fresh processes (3); judged on the median process.
+
 Run: ``make bench`` or ``python benchmarks/dispatch.py [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -52,7 +62,7 @@ import jax
 import numpy as np
 import torch
 from flax import nnx
-from harness import REGIMES, figure, median_ratio, run_tables, save_results
+from harness import REGIMES, figure, median_ratio, paired, run_tables, save_results
 
 import jmodule as jm
 from jmodule import nn
@@ -408,10 +418,56 @@ def forward_figures(measured, title: str, figures: list) -> None:
         figure(figures, text, regime, ratio, median_ratio(rounds, ours), TARGET_FORWARD)
 
 
+def paired_child(pairs: int, rounds: int) -> dict[str, float]:
+    """(d) in this process: per regime, the median over rounds of the paired ratio."""
+    xd = jax.random.normal(jax.random.key(1), (DEEP_BATCH, DEEP_WIDTH))
+    steps = deep_contestants(xd)
+    ours, floor = steps["jmodule model.compile()"], steps["plain jax.jit (floor)"]
+    for _ in range(20):
+        jax.block_until_ready(ours())
+        jax.block_until_ready(floor())
+    out = {}
+    for regime in REGIMES:
+        ratios = []
+        for _ in range(rounds):
+            a, b = paired(ours, floor, pairs, regime)
+            ratios.append(a / b)
+        out[regime] = statistics.median(ratios)
+    return out
+
+
+def paired_figures(args: argparse.Namespace, title: str, figures: list) -> None:
+    """(d): ``--processes`` fresh processes of :func:`paired_child`, judged on their median."""
+    runs = []
+    for i in range(args.processes):
+        cmd = [sys.executable, __file__, "--paired-child", "--pairs", str(args.pairs)]
+        cmd += ["--paired-rounds", str(args.paired_rounds)]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        runs.append(json.loads(res.stdout.split("PAIRED ", 1)[1]))
+        print(f"process {i + 1}: {runs[-1]}", flush=True)
+    for regime in REGIMES:
+        per = [r[regime] for r in runs]
+        text = f"{title}: model.compile() / jax.jit, call by call ({len(per)} processes: "
+        text += ", ".join(f"{p:.2f}" for p in per) + ")"
+        figure(figures, text, regime, min(per), statistics.median(per), TARGET_FORWARD)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
+    parser.add_argument("--processes", type=int, default=3, help="(d): fresh processes")
+    parser.add_argument("--pairs", type=int, default=200, help="(d): pairs per round")
+    parser.add_argument("--paired-rounds", type=int, default=9, help="(d): rounds per process")
+    parser.add_argument("--paired-only", action="store_true", help="(d) only; results/ untouched")
+    parser.add_argument("--paired-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    deep = f"{DEEP_LAYERS} x (Linear {DEEP_WIDTH} + BatchNorm1d + ReLU), train, batch {DEEP_BATCH}"
+    if args.paired_child:
+        print("PAIRED " + json.dumps(paired_child(args.pairs, args.paired_rounds)))
+        return
+    if args.paired_only:
+        paired_figures(args, f"forward, {deep}", [])
+        return
     calls, rounds, budget = (200, 3, 0.05) if args.quick else (2000, 11, 0.15)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores")
     tables: dict[str, dict[str, float]] = {}
@@ -424,7 +480,6 @@ def main() -> None:
     forward_figures(measured, title, figures)
 
     xd = jax.random.normal(jax.random.key(1), (DEEP_BATCH, DEEP_WIDTH))
-    deep = f"{DEEP_LAYERS} x (Linear {DEEP_WIDTH} + BatchNorm1d + ReLU), train, batch {DEEP_BATCH}"
     title = f"forward, {deep}"
     measured = run_tables(
         title, deep_contestants(xd), calls // 4, rounds, tables, raw, budget_s=budget
@@ -438,6 +493,9 @@ def main() -> None:
     )
     construction_figures(measured, "compiled forward, unrelated module constructed", figures)
     isolated_call_figures(xd, calls // 8, rounds, f"compiled forward, {deep}", figures)
+    if args.quick:
+        args.processes, args.paired_rounds, args.pairs = 1, 2, 50
+    paired_figures(args, f"forward, {deep}", figures)
 
     if not args.quick:
         save_results("dispatch", tables, rounds=raw, figures=figures)

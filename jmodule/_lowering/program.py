@@ -925,8 +925,6 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
             _check_held(plan, [(j, fast.held[j], donated[j]) for j in fast.held], _HELD)
         del picked
     kept = [c[k] for c, k in fast.kept]
-    if _STACKED in set(map(type, kept)) or _STACKED in set(map(type, donated)):
-        return SLOW  # read_state slices it out
     donated_ids = tuple(map(id, donated))
     if donated_ids != plan.fresh:
         ids = set(donated_ids)
@@ -937,6 +935,10 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
     outer, local.call = local.call, plan
     try:
         changed, out = fast.jitted(donated, kept, args)
+    except TypeError:  # raised checking the arguments, before anything ran or was donated
+        if _STACKED in set(map(type, kept)) or _STACKED in set(map(type, donated)):
+            return SLOW  # read_state slices the blocks a compiled step wrote out
+        raise
     except _Redonate:
         plan.fast = None
         return SLOW
