@@ -30,12 +30,6 @@ __all__ = [
     "conv_transpose3d",
 ]
 
-_DIMENSION_NUMBERS = {
-    1: ("NCH", "OIH", "NCH"),
-    2: ("NCHW", "OIHW", "NCHW"),
-    3: ("NCDHW", "OIDHW", "NCDHW"),
-}
-
 
 def _batched(x: jax.Array, nd: int, name: str) -> tuple[jax.Array, bool]:
     """``x`` with a batch dimension, and whether it had one."""
@@ -152,7 +146,7 @@ def _conv(
         window_strides=stride,
         padding=pads,
         rhs_dilation=dilation,
-        dimension_numbers=_DIMENSION_NUMBERS[nd],
+        dimension_numbers=_lowering.LAYOUTS[nd],
         feature_group_count=groups,
         preferred_element_type=compute_dtype(dtype),
     )
@@ -228,7 +222,7 @@ def _conv_transpose(
         padding=pads,
         lhs_dilation=stride,
         rhs_dilation=dilation,
-        dimension_numbers=_DIMENSION_NUMBERS[nd],
+        dimension_numbers=_lowering.LAYOUTS[nd],
         feature_group_count=groups,
         preferred_element_type=compute_dtype(dtype),
     )

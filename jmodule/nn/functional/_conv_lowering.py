@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -54,6 +54,10 @@ MATMUL_MAX_OUTPUT = 64
 DIRECT_MAX_TERMS = 27
 
 
+#: ``lax.conv_general_dilated``'s dimension numbers for PyTorch's layouts, by spatial rank.
+LAYOUTS = {1: ("NCH", "OIH", "NCH"), 2: ("NCHW", "OIHW", "NCHW"), 3: ("NCDHW", "OIDHW", "NCDHW")}
+
+
 def output_size(
     spatial: Sequence[int],
     kernel: Sequence[int],
@@ -66,6 +70,18 @@ def output_size(
         (n + lo + hi - d * (k - 1) - 1) // s + 1
         for n, k, s, (lo, hi), d in zip(spatial, kernel, stride, pads, dilation)
     )
+
+
+def _taps(
+    kernel: Sequence[int], dilation: Sequence[int], stride: Sequence[int], out: Sequence[int]
+) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...]]]:
+    """Each kernel offset and the strided slice of the padded input's map it multiplies."""
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        index = tuple(
+            slice(d * j, d * j + s * (m - 1) + 1, s)
+            for j, d, s, m in zip(offsets, dilation, stride, out)
+        )
+        yield offsets, index
 
 
 def use_matmul(out_spatial: Sequence[int], backend: str | None = None) -> bool:
@@ -113,13 +129,9 @@ def conv_matmul(
     o, kernel = w.shape[0], tuple(w.shape[2:])
     xp = jnp.pad(x, ((0, 0), (0, 0), *[(lo, hi) for lo, hi in pads]))
     out = output_size(x.shape[2:], kernel, stride, pads, dilation)
-    cols = []
-    for offsets in itertools.product(*(range(k) for k in kernel)):
-        index = tuple(
-            slice(d * j, d * j + s * (m - 1) + 1, s)
-            for j, d, s, m in zip(offsets, dilation, stride, out)
-        )
-        cols.append(xp[(slice(None), slice(None), *index)])
+    cols = [
+        xp[(slice(None), slice(None), *index)] for _, index in _taps(kernel, dilation, stride, out)
+    ]
     taps = len(cols)
     patches = jnp.stack(cols, axis=2).reshape(n, groups, c // groups, taps, math.prod(out))
     weights = w.reshape(groups, o // groups, c // groups, taps)
@@ -154,17 +166,7 @@ def conv_direct(
     (max-pooling by ``jnp.max``) compares its operand with its result to route
     the gradient, and got NaN gradients in a training step.
 
-    Args:
-        x: input ``(N, C, *spatial)``.
-        w: weight ``(O, C / groups, *kernel)``.
-        stride: per spatial dimension.
-        pads: ``(low, high)`` zero padding per spatial dimension.
-        dilation: kernel dilation per spatial dimension.
-        groups: feature groups.
-        preferred_element_type: the accumulation (and result) dtype.
-
-    Returns:
-        ``(N, O, *out_spatial)``.
+    Arguments and result as :func:`conv_matmul`'s.
 
     >>> import jax.numpy as jnp
     >>> x, w = jnp.ones((1, 2, 3, 3)), jnp.ones((4, 2, 3, 3))
@@ -173,9 +175,6 @@ def conv_direct(
     """
     pads = tuple((int(lo), int(hi)) for lo, hi in pads)
     return _direct(x, w, tuple(stride), pads, tuple(dilation), groups, preferred_element_type)
-
-
-_LAYOUTS = {1: ("NCH", "OIH", "NCH"), 2: ("NCHW", "OIHW", "NCHW"), 3: ("NCDHW", "OIDHW", "NCDHW")}
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5, 6))
@@ -198,11 +197,7 @@ def _direct(
     wg = w.astype(dtype).reshape(groups, og, cg, *kernel)
     spread = (None,) * len(kernel)  # a weight broadcast over the output map
     terms = []
-    for offsets in itertools.product(*(range(k) for k in kernel)):
-        index = tuple(
-            slice(d * j, d * j + s * (m - 1) + 1, s)
-            for j, d, s, m in zip(offsets, dilation, stride, out)
-        )
+    for offsets, index in _taps(kernel, dilation, stride, out):
         for ci in range(cg):
             tap = wg[(slice(None), slice(None), ci, *offsets)][(Ellipsis, *spread)]
             terms.append(xg[(slice(None), slice(None), slice(None), ci, *index)] * tap)
@@ -218,7 +213,7 @@ def _direct_jvp(
 
     def conv(a: jax.Array, b: jax.Array) -> jax.Array:
         return jax.lax.conv_general_dilated(
-            a, b, stride, pads, rhs_dilation=dilation, dimension_numbers=_LAYOUTS[x.ndim - 2],
+            a, b, stride, pads, rhs_dilation=dilation, dimension_numbers=LAYOUTS[x.ndim - 2],
             feature_group_count=groups, preferred_element_type=dtype,
         )  # fmt: skip
 
