@@ -50,17 +50,6 @@ __all__ = [
 ]
 
 
-def _stacked(vals: list) -> bool:
-    """Whether ``vals`` holds a block a compiled step over scanned blocks wrote.
-
-    Such a :class:`~state.StackedValue` is no JAX type: a call given one raises
-    ``TypeError`` while checking its arguments, before anything runs or is
-    donated, so the per-call paths look for it only then (instead of on every
-    call: a set of the slots' types cost 5-9 us a call for 225 slots).
-    """
-    return state.StackedValue in set(map(type, vals))
-
-
 def _is_param(x: Any) -> bool:
     return state.is_cell(x)
 
@@ -514,7 +503,7 @@ class CompiledForward:
                             jitted(vals, args) if kwargs is None else jitted(vals, args, kwargs)
                         )
                     except TypeError:  # checked before anything runs: not a JAX type
-                        if not _stacked(vals):
+                        if not state.holds_stacked(vals):
                             raise
                         vals = [state.slot_value(c, k) for c, k in slots]
                         out, changed = (

@@ -897,7 +897,6 @@ def _unique_buffers(idx: tuple[int, ...], vals: list) -> tuple[int, ...]:
 
 
 _NONE_ID = id(None)
-_STACKED = state.StackedValue
 SLOW = object()
 
 
@@ -936,7 +935,7 @@ def call_fast(program: Program, plan: Plan, fast: FastPath, args: tuple) -> Any:
     try:
         changed, out = fast.jitted(donated, kept, args)
     except TypeError:  # raised checking the arguments, before anything ran or was donated
-        if _STACKED in set(map(type, kept)) or _STACKED in set(map(type, donated)):
+        if state.holds_stacked(kept, donated):
             return SLOW  # read_state slices the blocks a compiled step wrote out
         raise
     except _Redonate:
