@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
 from jax.extend.core import set_current_trace as _set_current_trace
 
 from jmodule import _jax_internals as _jx
@@ -233,22 +234,41 @@ class _Compiled:
     argument ``i`` is None (fixed, not passed), a value not differentiated,
     or a differentiated one. The forward program returns the flat outputs
     and the residuals the pullback needs, except residuals that are inputs
-    (the node keeps those; they are not copied out).
+    (the node keeps those; they are not copied out) and residuals that are a
+    constant broadcast (the zeros of ``select(x > 0, g, 0)`` in ReLU's and
+    max-pooling's derivatives: the backward program makes them, where XLA fuses
+    them away, instead of the forward writing and the node holding arrays of
+    zeros as large as the activations).
     """
 
-    __slots__ = ("bwd", "from_inputs", "fwd", "inexact", "out_avals", "out_tree", "tree", "where")
+    __slots__ = (
+        "bwd",
+        "consts",
+        "from_inputs",
+        "fwd",
+        "inexact",
+        "out_avals",
+        "out_tree",
+        "tree",
+        "where",
+    )
 
     def __init__(self, fn: Callable, kinds: tuple[int, ...]):
         self.tree: Any = None
         self.out_tree: Any = None
-        #: Per residual: the input it is (an index into the passed values), or -1.
+        #: Per residual: the input it is (an index into the passed values), ``_KEPT``
+        #: (an output of the forward program) or ``_CONST`` (made by the backward).
         self.where: tuple[int, ...] = ()
         self.from_inputs: tuple[int, ...] = ()
+        #: ``(value, shape, dtype)`` of each ``_CONST`` residual, in order.
+        self.consts: tuple[tuple[Any, tuple[int, ...], Any], ...] = ()
         self.out_avals: tuple[Any, ...] = ()
         #: Per flat output: whether it is floating (differentiable).
         self.inexact: tuple[bool, ...] = ()
         self.bwd: dict[tuple[bool, ...], Callable] = {}
         tracked_at = [i for i, k in enumerate(kinds) if k == _TRACKED]
+
+        found: dict[str, Any] = {}  # what tracing ``forward`` learns
 
         def forward(*vals: Any) -> tuple[list, list]:
             given = iter(vals)
@@ -261,16 +281,43 @@ class _Compiled:
                 return fn(*args)
 
             out, pullback = jax.vjp(f, *[full[i] for i in tracked_at])
-            outs, self.out_tree = jax.tree_util.tree_flatten(out)
-            res, self.tree = jax.tree_util.tree_flatten(pullback)
+            outs, found["out_tree"] = jax.tree_util.tree_flatten(out)
+            res, found["tree"] = jax.tree_util.tree_flatten(pullback)
             pos = {id(v): i for i, v in enumerate(vals)}
-            self.where = tuple(pos.get(id(r), -1) for r in res)
-            self.from_inputs = tuple(w for w in self.where if w >= 0)
+            found["where"] = where = tuple(pos.get(id(r), _KEPT) for r in res)
+            found["outs"] = outs
+            return outs, [r for r, w in zip(res, where) if w == _KEPT]
+
+        def first(*given: Any) -> tuple[list, list]:
+            # Traced once, to find the constant residuals; the program evaluates that
+            # jaxpr (``fn`` is not traced again) and leaves them out.
+            closed = jax.make_jaxpr(forward)(*map(_abstract, given))
+            outs, where = found["outs"], list(found["where"])
+            n = len(outs)
+            consts = _jx.constant_outputs(closed)
+            dropped, made = set(), []
+            for t, j in enumerate(j for j, w in enumerate(where) if w == _KEPT):
+                c = consts.get(n + t)
+                if c is not None:
+                    where[j] = _CONST
+                    dropped.add(t)
+                    made.append(c)
+            evaluate = _jaxpr_as_fun(closed)
+
+            def program(*vals: Any) -> tuple[list, list]:
+                flat = evaluate(*vals)
+                return flat[:n], [r for t, r in enumerate(flat[n:]) if t not in dropped]
+
+            # Set together, once known (another thread may be building the same entry).
+            self.out_tree, self.tree = found["out_tree"], found["tree"]
+            self.consts, self.where = tuple(made), tuple(where)
+            self.from_inputs = tuple(w for w in where if w >= 0)
             self.out_avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs)
             self.inexact = tuple(_inexact(o.dtype) for o in outs)
-            return outs, [r for r, w in zip(res, self.where) if w < 0]
+            self.fwd = jax.jit(program)
+            return self.fwd(*given)
 
-        self.fwd = jax.jit(forward)
+        self.fwd = first
 
     def backward_program(self, present: tuple[bool, ...]) -> Callable:
         """The compiled pullback for outputs whose cotangents are ``present`` (others zero)."""
@@ -279,7 +326,11 @@ class _Compiled:
 
             def backward(kept: list, inputs: list, cts: list) -> Any:
                 k, i = iter(kept), iter(inputs)
-                res = [next(i) if w >= 0 else next(k) for w in self.where]
+                c = iter(self.consts)
+                res = [
+                    next(i) if w >= 0 else next(k) if w == _KEPT else _full(*next(c))
+                    for w in self.where
+                ]
                 pullback = jax.tree_util.tree_unflatten(self.tree, res)
                 given = iter(cts)
                 full = [next(given) if p else _zero(a) for p, a in zip(present, self.out_avals)]
@@ -294,6 +345,19 @@ class _Compiled:
         kept, inputs = node.kept
         return self.backward_program(present)(kept, inputs, given)
 
+
+def _abstract(value: Any) -> Any:
+    """``value``'s type, to trace with (tracing with an array stages it: a program per shape)."""
+    aval = value.aval if type(value) is _ArrayImpl else jax.typeof(value)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _full(value: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    return jnp.full(shape, value, dtype)
+
+
+#: Where a residual comes from besides an input (``_Compiled.where``).
+_KEPT, _CONST = -1, -2
 
 _NONE, _GIVEN, _TRACKED = 0, 1, 2
 

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 from jmodule._lowering import flat as _flat
 from jmodule._lowering import state
 from jmodule._placement.device import on_one_device, single_device_sharding
@@ -102,6 +103,50 @@ def replicated_like(host: Any, ref: Any) -> jax.Array:
     return put(np.asarray(host), target)
 
 
+def _join(scalars: bool, parts: Sequence[Any]) -> Any:
+    """One piece per member -> a flat state entry (``scalars``: one scalar per member)."""
+    if scalars:
+        return jnp.stack([jnp.reshape(x, ()) for x in parts])
+    return _flat.concat([jnp.reshape(x, (-1,)) for x in parts])
+
+
+def _packed_store(layout: tuple, per_param: frozenset, records: Sequence) -> dict[str, Any]:
+    """The flat store of a bucket: ``records`` (each member's ``(public, hidden)``) joined.
+
+    On the CPU the concrete entries are joined in NumPy and put where a
+    concatenation would have put them (the members' device; committed if any
+    part is), which compiles nothing: an eager reshape or concatenation is one
+    XLA program per member shape.
+    """
+    store = {}
+    for pub, name in layout:
+        parts = [(public if pub else hidden)[name] for public, hidden in records]
+        store[name] = _on_host(name in per_param, parts)
+        if store[name] is None:
+            store[name] = _join(name in per_param, parts)
+    return store
+
+
+def _on_host(scalars: bool, parts: Sequence[Any]) -> jax.Array | None:
+    """:func:`_join` of concrete CPU arrays of one device, in NumPy; None otherwise."""
+    devices = set()
+    for x in parts:
+        if type(x) is not _ArrayImpl or x.is_deleted():
+            return None
+        devices |= x.sharding.device_set
+    if len(devices) != 1 or next(iter(devices)).platform != "cpu":
+        return None
+    dtype = jnp.result_type(*parts)
+    host = [np.asarray(x, dtype) for x in parts]
+    joined = (
+        np.stack([h.reshape(()) for h in host])
+        if scalars
+        else np.concatenate([h.reshape(-1) for h in host])
+    )
+    # device_put of NumPy (jnp.asarray of it compiles a program per shape); None: uncommitted
+    return jax.device_put(joined, next(iter(devices)) if any(x.committed for x in parts) else None)
+
+
 class Bucket:
     """The packed state of some small parameters of one param group.
 
@@ -146,10 +191,7 @@ class Bucket:
         )
 
     def _pack(self, records: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
-        return {
-            name: self.join(name, [(public if pub else hidden)[name] for public, hidden in records])
-            for pub, name in self.layout
-        }
+        return _packed_store(self.layout, self.per_param, records)
 
     def static(self) -> Bucket:
         """A copy holding only the layout (what :meth:`signature` names): no member
@@ -199,9 +241,7 @@ class Bucket:
 
     def join(self, name: str, parts: Sequence[Any]) -> Any:
         """One piece per member -> the flat state entry ``name``."""
-        if name in self.per_param:
-            return jnp.stack([jnp.reshape(x, ()) for x in parts])
-        return _flat.concat([jnp.reshape(x, (-1,)) for x in parts])
+        return _join(name in self.per_param, parts)
 
     def unpack(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every member's ``(public, hidden)`` state, as separate arrays (one dispatch)."""

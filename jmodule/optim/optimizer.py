@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jmodule import _jax_internals as _jx
 from jmodule._lowering import flat as _flat
 from jmodule._lowering import state as _state
 from jmodule._lowering import structure
@@ -811,6 +812,44 @@ _UPDATES: dict[tuple, Callable] = {}
 #: The state leaves' shapes of a class's chain on a probe, by structure and dtype
 #: (``TorchOptimizer._classify``).
 _PROBED: dict[tuple, tuple] = {}
+#: The initial state of a class's chain for a parameter type, by structure (``_initial``):
+#: its treedef, leaf paths and, per leaf, the scalar constant it is filled with (or None).
+_INITS: dict[tuple, tuple] = {}
+_MAX_INITS = 4096
+
+
+def _initial(init: Callable, value: Any, key: tuple) -> tuple[Any, list] | None:
+    """``init(value)``'s treedef and ``(path, leaf)`` pairs made on the host, or None.
+
+    An optax state starts as constants (zeros, counts at 0, Adagrad's initial
+    accumulator): read off ``init``'s jaxpr once per structure and parameter
+    type, they are filled in NumPy and put where ``init`` would put them (the
+    parameter's placement for leaves of its shape), so a first ``step()``
+    compiles no program per parameter shape. None when a leaf is computed
+    (``init`` then runs as usual) or ``value`` is not a concrete array.
+    """
+    if not isinstance(value, jax.Array) or isinstance(value, jax.core.Tracer):
+        return None
+    k = (*key, value.shape, value.dtype)
+    entry = _INITS.get(k)
+    if entry is None:
+        probe = jax.ShapeDtypeStruct(value.shape, value.dtype)  # a value would be staged
+        closed, shapes = jax.make_jaxpr(init, return_shape=True)(probe)
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+        consts = _jx.constant_outputs(closed)
+        entry = (treedef, [p for p, _ in leaves], [consts.get(j) for j in range(len(leaves))])
+        if len(_INITS) >= _MAX_INITS:
+            _INITS.clear()
+        _INITS[k] = entry
+    treedef, paths, consts = entry
+    if any(c is None for c in consts):
+        return None
+    made = []
+    for fill, shape, dtype in consts:
+        host = np.full(shape, fill, dtype)
+        like = shape == value.shape and value.committed
+        made.append(jax.device_put(host, value.sharding if like else None))
+    return treedef, list(zip(paths, made))
 
 
 class TorchOptimizer(Optimizer):
@@ -899,8 +938,12 @@ class TorchOptimizer(Optimizer):
     def _layout(self, cfg: tuple, value: Any) -> tuple[Any, tuple[tuple[bool, str], ...], Any]:
         """Treedef, leaf naming and a fresh optax state for a parameter under ``cfg``."""
         hp = {n: 0.0 for n, _, _ in self._hyper}  # an init never reads them
-        tree = self._transformation(dict(cfg), hp, None).init(value)
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        init = self._transformation(dict(cfg), hp, None).init
+        made = _initial(init, value, (type(self), self._hyper, cfg))
+        if made is None:
+            flat, treedef = jax.tree_util.tree_flatten_with_path(init(value))
+        else:
+            treedef, flat = made
         layout = []
         for path, _ in flat:
             key = _leaf_name(path)

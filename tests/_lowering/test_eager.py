@@ -237,6 +237,58 @@ def test_models_match_jax_grad_of_the_functional_model():
                 )
 
 
+def _kept_by_the_tape(value):
+    """Every array the tape keeps for ``value``'s backward (its nodes' residuals)."""
+    seen, stack, kept = set(), [value.node], []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op is not None and isinstance(node.kept, tuple):
+            kept += node.kept[0]
+        stack += [src for src, _ in node.inputs]
+    return kept
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_tape_keeps_no_arrays_of_zeros(fused):
+    """ReLU's and max-pooling's derivatives select between the cotangent and zeros: the
+    backward programs make those zeros; the tape keeps only what the forward computed."""
+    model = _cnn(jm.nn)
+    if not fused:  # a user class: each layer is its own node
+        layers = list(model)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList(layers)
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x)
+                return x
+
+        model = Net()
+    xn, yn = _data((4, 1, 8, 8), np.float32)
+    x, y = jnp.asarray(xn), jnp.asarray(yn)
+    kept = []
+
+    def closure():
+        loss = F.cross_entropy(model(x), y)
+        kept.extend(_kept_by_the_tape(loss))
+        return loss
+
+    jm.backward(closure)
+    activations = [a for a in kept if jnp.issubdtype(a.dtype, jnp.floating) and a.size >= 4 * 4 * 4]
+    assert activations  # the pooled activations the last layers' derivatives need
+    zeros = [a.shape for a in activations if not np.any(np.asarray(a))]
+    assert not zeros, f"arrays of zeros kept for the backward: {zeros}"
+    fn, params = _functional_loss(model, x, y)
+    for (name, p), g in zip(model.named_parameters(), jax.grad(fn)(params)):
+        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), atol=1e-5, err_msg=name)
+
+
 def test_values_inside_the_closure_are_concrete():
     """print(), float() and Python control flow see values, as in PyTorch eager."""
     m = nn.Linear(3, 1)
