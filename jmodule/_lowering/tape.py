@@ -660,10 +660,12 @@ def _seed(val: Any) -> Any:
     try:
         key = (val.shape, val.dtype, val.sharding)
         out = _SEEDS.get(key)
+        where = val.sharding if val.committed else None
     except (AttributeError, TypeError):  # not a plain array: no cache
         return jnp.ones_like(val)
     if out is None:
         if len(_SEEDS) >= 64:
             _SEEDS.clear()
-        out = _SEEDS[key] = jnp.ones_like(val)
+        # From NumPy: ``ones_like`` would compile a program for each new loss shape.
+        out = _SEEDS[key] = jax.device_put(np.ones(val.shape, val.dtype), where)
     return out

@@ -156,6 +156,40 @@ def test_nothing_compiles_from_the_third_step(which):
     assert counts[2:] == [0, 0, 0], counts
 
 
+@contextlib.contextmanager
+def counting_lowerings():
+    """A list that grows by one for every program JAX lowers inside the block (a program
+    the persistent compilation cache then loads still counts)."""
+    seen: list[str] = []
+
+    def listener(event, duration, **kw):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            seen.append(str(kw.get("fun_name", "")))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+
+
+def test_a_first_step_makes_only_the_nodes_programs_and_the_update():
+    """A fused model and its loss are one tape node each (a forward and a backward
+    program apiece) and SGD's update one more: the backward's seed and the optimizer's
+    initial state (momentum buffers, packed) make no program of their own."""
+    model = nn.Sequential(nn.Linear(9, 6), nn.ReLU(), nn.Linear(6, 4))  # shapes of this test
+    opt = jm.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((5, 9)), jnp.float32)
+    y = jnp.asarray([0, 1, 2, 3, 0])
+    with counting_lowerings() as seen:
+        opt.zero_grad()
+        loss = jm.backward(lambda: F.cross_entropy(model(x), y))
+        opt.step()
+        float(loss)
+    assert len(seen) == 5, seen
+    assert opt.state[model[0].weight]["momentum_buffer"].shape == (6, 9)
+
+
 def _functional_loss(model, x, y):
     """The model's loss as a pure function of its parameters (plain jax.grad's reference)."""
     names = [n for n, _ in model.named_parameters()]
