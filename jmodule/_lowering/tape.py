@@ -268,9 +268,7 @@ class _Compiled:
         self.bwd: dict[tuple[bool, ...], Callable] = {}
         tracked_at = [i for i, k in enumerate(kinds) if k == _TRACKED]
 
-        found: dict[str, Any] = {}  # what tracing ``forward`` learns
-
-        def forward(*vals: Any) -> tuple[list, list]:
+        def forward(found: dict, *vals: Any) -> tuple[list, list]:
             given = iter(vals)
             full = [None if k == _NONE else next(given) for k in kinds]
 
@@ -291,7 +289,8 @@ class _Compiled:
         def first(*given: Any) -> tuple[list, list]:
             # Traced once, to find the constant residuals; the program evaluates that
             # jaxpr (``fn`` is not traced again) and leaves them out.
-            closed = jax.make_jaxpr(forward)(*map(_abstract, given))
+            found: dict[str, Any] = {}  # what this trace of ``forward`` learns
+            closed = jax.make_jaxpr(functools.partial(forward, found))(*map(_abstract, given))
             outs, where = found["outs"], list(found["where"])
             n = len(outs)
             consts = _jx.constant_outputs(closed)
