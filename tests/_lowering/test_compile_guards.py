@@ -7,7 +7,6 @@ it compiled, changes the Python, and compares the next compiled call with the
 same computation run eagerly; ``jm.compile_stats`` gives the logged reason.
 """
 
-import contextlib
 import logging
 import textwrap
 
@@ -15,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import monitoring
+from _monitoring import counting
 
 import jmodule as jm
 from jmodule import nn
@@ -211,22 +210,6 @@ def test_library_code_and_modules_are_not_guarded():
 # ----------------------------------------------------------------------------- one compile
 
 
-@contextlib.contextmanager
-def backend_compiles():
-    """Names of the programs XLA compiles inside the block (jax's own compile events)."""
-    names: list[str] = []
-
-    def listener(event, duration, **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            names.append(str(kw.get("fun_name", "")))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield names
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
-
-
 def test_the_first_calls_of_a_training_step_compile_it_once():
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     opt = jm.optim.Adam(m.parameters(), lr=1e-2)
@@ -239,7 +222,7 @@ def test_the_first_calls_of_a_training_step_compile_it_once():
         return loss
 
     x, y = jnp.ones((3, 4)), jnp.zeros((3, 2))
-    with backend_compiles() as names:
+    with counting() as names:
         for _ in range(4):
             step(m, opt, x, y).block_until_ready()
     programs = [n for n in names if "_pure" in n]
@@ -269,7 +252,7 @@ def test_state_replaced_between_steps_from_host_values_compiles_nothing_new(repl
 
     x, y = jnp.ones((3, 4)), jnp.zeros((3, 2))
     step(m, opt, x, y).block_until_ready()
-    with backend_compiles() as names:
+    with counting() as names:
         for _ in range(3):
             if replace == "load_state_dict":
                 m.load_state_dict(host)
@@ -292,7 +275,7 @@ def test_a_compiled_forward_that_writes_buffers_compiles_once():
     m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU())
     m.compile()
     x = jnp.ones((5, 4))
-    with backend_compiles() as names:
+    with counting() as names:
         for _ in range(3):
             jax.block_until_ready(m(x))
     assert len([n for n in names if "_pure" in n]) == 1, names

@@ -9,37 +9,20 @@ shape on, nothing compiles.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _monitoring import LOWER, TRACE, counting
 from _torch import torch
-from jax import monitoring
 
 import jmodule as jm
 from jmodule import nn
 from jmodule._lowering import tape as _tape
 
 F = jm.nn.functional
-
-
-@contextlib.contextmanager
-def counting_compiles():
-    """A list that grows by one for every program XLA compiles inside the block."""
-    seen: list[str] = []
-
-    def listener(event, duration, **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            seen.append(str(kw.get("fun_name", "")))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield seen
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
 
 
 def _mlp(lib):
@@ -146,7 +129,7 @@ def test_nothing_compiles_from_the_third_step(which):
     x, y = jnp.asarray(xn), jnp.asarray(yn)
     counts = []
     for _ in range(5):
-        with counting_compiles() as seen:
+        with counting() as seen:
             opt.zero_grad()
             loss = jm.backward(lambda: F.cross_entropy(model(x), y))
             opt.step()
@@ -154,23 +137,6 @@ def test_nothing_compiles_from_the_third_step(which):
         counts.append(len(seen))
     assert counts[0] > 0, counts  # the counter sees compiles (the first step has some)
     assert counts[2:] == [0, 0, 0], counts
-
-
-@contextlib.contextmanager
-def counting_lowerings():
-    """A list that grows by one for every program JAX lowers inside the block (a program
-    the persistent compilation cache then loads still counts)."""
-    seen: list[str] = []
-
-    def listener(event, duration, **kw):
-        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
-            seen.append(str(kw.get("fun_name", "")))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield seen
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
 
 
 def test_a_first_step_makes_only_the_nodes_programs_and_the_update():
@@ -181,7 +147,7 @@ def test_a_first_step_makes_only_the_nodes_programs_and_the_update():
     opt = jm.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((5, 9)), jnp.float32)
     y = jnp.asarray([0, 1, 2, 3, 0])
-    with counting_lowerings() as seen:
+    with counting(LOWER) as seen:
         opt.zero_grad()
         loss = jm.backward(lambda: F.cross_entropy(model(x), y))
         opt.step()
@@ -550,7 +516,7 @@ def test_a_model_made_again_reuses_the_compiled_step():
         model = net()
         twin = copy.deepcopy(model)
         opt = jm.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        with counting_compiles() as seen:
+        with counting() as seen:
             for _ in range(2):
                 float(step(model, opt, x, y))
         compiles.append(len(seen))
@@ -634,23 +600,6 @@ def test_a_class_defined_again_with_another_forward_is_traced_again():
     assert jm.compile_stats(step).num_traces == 2
 
 
-@contextlib.contextmanager
-def counting_traces():
-    """Every function JAX traces to a jaxpr inside the block (a persistent compilation
-    cache can spare a compile, never a trace)."""
-    seen: list[str] = []
-
-    def listener(event, duration, **kw):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            seen.append(str(kw.get("fun_name", "")))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield seen
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
-
-
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
 def test_a_new_model_and_optimizer_like_earlier_ones_trace_and_compile_nothing_eagerly(
     optimizer,
@@ -663,7 +612,7 @@ def test_a_new_model_and_optimizer_like_earlier_ones_trace_and_compile_nothing_e
     for run in range(2):
         model = _bn(jm.nn, dropout=0.2)
         opt = getattr(jm.optim, optimizer)(model.parameters(), lr=0.1, **kwargs)
-        with counting_traces() as traced, counting_compiles() as compiled:
+        with counting(TRACE) as traced, counting() as compiled:
             for _ in range(3):
                 opt.zero_grad()
                 float(jm.backward(lambda: F.cross_entropy(model(x), y)))

@@ -10,34 +10,17 @@ first step).
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax import monitoring
+from _monitoring import counting
 
 import jmodule as jm
 from jmodule import nn
 
 F = jm.nn.functional
-
-
-@contextlib.contextmanager
-def counting_compiles():
-    seen: list[str] = []
-
-    def listener(event, duration, **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            seen.append(str(kw.get("fun_name", "")))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield seen
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
 
 
 def _model():
@@ -67,7 +50,7 @@ def test_the_first_step_compiles_only_the_update(name):
     jm.backward(lambda: (model(x) ** 2).mean())
     grads = {n: p.grad for n, p in model.named_parameters()}
     opt = make(model.parameters())
-    with counting_compiles() as seen:
+    with counting() as seen:
         opt.step()
     assert len(seen) <= 1, seen  # the update (one program for the packed parameters)
     # The state it started from is optax's: the step equals the reference's.
