@@ -53,6 +53,7 @@ from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 from jmodule._jax_internals import EvalTrace as _EvalTrace
 from jmodule._jax_internals import bind_with_trace as _bind_with_trace
 from jmodule._jax_internals import current_trace as _current_trace
+from jmodule._lowering import jaxprs as _jaxprs
 
 __all__ = ["TapeTrace", "TapeTracer", "active_tape", "concrete", "eager", "untaped", "usable"]
 
@@ -293,7 +294,7 @@ class _Compiled:
             closed = jax.make_jaxpr(functools.partial(forward, found))(*map(_abstract, given))
             outs, where = found["outs"], list(found["where"])
             n = len(outs)
-            consts = _jx.constant_outputs(closed)
+            consts = _jaxprs.constant_outputs(closed)
             dropped, made = set(), []
             for t, j in enumerate(j for j, w in enumerate(where) if w == _KEPT):
                 c = consts.get(n + t)

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jmodule import _jax_internals as _jx
 from jmodule._lowering import flat as _flat
+from jmodule._lowering import jaxprs as _jaxprs
 from jmodule._lowering import state as _state
 from jmodule._lowering import structure
 from jmodule._lowering import tracebacks as _tracebacks
@@ -836,7 +836,7 @@ def _initial(init: Callable, value: Any, key: tuple) -> tuple[Any, list] | None:
         probe = jax.ShapeDtypeStruct(value.shape, value.dtype)  # a value would be staged
         closed, shapes = jax.make_jaxpr(init, return_shape=True)(probe)
         leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-        consts = _jx.constant_outputs(closed)
+        consts = _jaxprs.constant_outputs(closed)
         entry = (treedef, [p for p, _ in leaves], [consts.get(j) for j in range(len(leaves))])
         if len(_INITS) >= _MAX_INITS:
             _INITS.clear()

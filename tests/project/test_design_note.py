@@ -49,7 +49,6 @@ MODULES = {
     "_compilation_cache": "jmodule._compilation_cache",
     "_pooling": "jmodule.nn.functional._pooling",
     "_conv_lowering": "jmodule.nn.functional._conv_lowering",
-    "_jax_internals": "jmodule._jax_internals",
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
