@@ -54,6 +54,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jmodule.serialization as jms
+from jmodule._placement.device import single_device_sharding
 from jmodule.checkpoint import CheckpointManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -205,7 +206,7 @@ def main() -> None:
         ]
     )
 
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
 
     def orbax_load():
         checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(**_directory.ORBAX_OPTIONS))

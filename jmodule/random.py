@@ -13,9 +13,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jmodule import _threefry
 from jmodule._lowering import state
 from jmodule._lowering import tape as _tape
+from jmodule._placement import factory as _factory
 
 __all__ = ["Generator", "default_generator", "initial_seed", "manual_seed", "seed"]
 
@@ -24,7 +27,10 @@ _DEFAULT_SEED = 67280421310721  # PyTorch's default seed
 
 def _make_key(seed: int) -> jax.Array:
     # A raw uint32 key (not a typed key array): it crosses jax.jit boundaries
-    # on the C++ fast path, which typed keys do not.
+    # on the C++ fast path, which typed keys do not. Made on the host where
+    # JAX's PRNG is threefry (no seeding program to compile).
+    if _threefry.available():
+        return jax.device_put(_threefry.seed_key(seed % (1 << 32)))
     return jax.random.PRNGKey(seed % (1 << 32))
 
 
@@ -103,6 +109,20 @@ class Generator:
                     raise RuntimeError(_EXPLICIT_IN_TRACE)
                 raise RuntimeError(_FOREIGN_TRACE)
             self._key = new
+        return sub
+
+    def _next_host_key(self) -> np.ndarray | None:
+        """:meth:`next_key` split on the host (:mod:`jmodule._threefry`): the same key as a
+        NumPy array, with no program; None where the key is not a concrete CPU array or JAX
+        draws otherwise (the caller then uses :meth:`next_key`)."""
+        if not _threefry.available():
+            return None
+        with state.lock(self):
+            key = self.materialize()
+            if isinstance(key, jax.core.Tracer) or not _factory.on_one_cpu(key):
+                return None
+            new, sub = _threefry.split(np.asarray(key))
+            self._key = jax.device_put(new, key.sharding if key.committed else None)
         return sub
 
 

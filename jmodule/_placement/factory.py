@@ -51,4 +51,31 @@ def full(shape: tuple[int, ...], value: Any, dtype: Any = None, device: Any = No
     out = empty(shape, dtype, device)
     if isinstance(out, jax.ShapeDtypeStruct):
         return out
-    return jnp.full(shape, value, out.dtype, device=out.sharding)
+    return filled(out, value)
+
+
+def on_one_cpu(like: Any) -> bool:
+    """Whether ``like`` is a concrete array on a single CPU device (its values are host memory)."""
+    sharding = getattr(like, "sharding", None)
+    if sharding is None or isinstance(like, jax.core.Tracer) or len(sharding.device_set) != 1:
+        return False
+    return next(iter(sharding.device_set)).platform == "cpu"
+
+
+def put_like(host: np.ndarray, like: jax.Array) -> jax.Array:
+    """``host`` as a JAX array placed as ``like`` is (its sharding, committed only if it is)."""
+    if like.committed:
+        return jax.device_put(host, like.sharding)
+    return jax.device_put(host)
+
+
+def filled(like: Any, value: Any) -> Any:
+    """An array of ``like``'s shape, dtype and placement, every element ``value``.
+
+    On a CPU it is made with NumPy and put (``jnp.full`` compiles a program per
+    shape and placement, tens of ms each: building a model of many shapes paid
+    them all).
+    """
+    if on_one_cpu(like):
+        return put_like(np.full(like.shape, value, like.dtype), like)
+    return jnp.full(like.shape, value, like.dtype, device=like.sharding)

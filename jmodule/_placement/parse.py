@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmodule._placement import device as _device
+from jmodule._placement import factory as _factory
 
 __all__ = [
     "Place",
@@ -249,6 +250,9 @@ def move(value: Any, place: Place) -> Any:
     return put(value, place)
 
 
+_HOST_CAST = 1 << 20
+
+
 def cast(value: Any, dtype: Any) -> Any:
     """``value`` (an array or a ``jax.ShapeDtypeStruct``) in ``dtype``.
 
@@ -261,6 +265,12 @@ def cast(value: Any, dtype: Any) -> Any:
             "Casting complex values to real discards the imaginary part", UserWarning, stacklevel=4
         )
         value = jnp.real(value)
+    elif value.size <= _HOST_CAST and _factory.on_one_cpu(value):
+        # NumPy's conversions round as XLA's do; astype compiles a program per shape
+        # (20-30 ms each on a CPU), against at most ~12 ms of NumPy for the largest here
+        with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN, as XLA makes them
+            host = np.asarray(value).astype(dtype)
+        return _factory.put_like(host, value)
     return value.astype(dtype)
 
 

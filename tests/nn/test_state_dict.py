@@ -203,6 +203,46 @@ def test_load_converts_numpy_float64_and_torch_int64_to_the_module_dtypes():
 
 
 @pytest.mark.torch
+def test_loading_pytorch_weights_on_the_cpu_compiles_nothing_and_copies():
+    from _monitoring import LOWER, counting
+    from shared_models import resnet18
+
+    torch.manual_seed(0)
+    tm, jm_model = resnet18(torch.nn), resnet18(nn)
+    with torch.no_grad():
+        for b in tm.buffers():
+            if b.dtype == torch.float32:
+                b.uniform_(0.5, 1.5)  # running statistics unlike the fresh model's
+    sd = tm.state_dict()
+    committed = jm_model.fc.weight
+    committed.data = jax.device_put(committed.data, jax.devices("cpu")[0])
+    with counting(LOWER) as seen:
+        jm_model.load_state_dict(sd)  # torch tensors
+        again = resnet18(nn)
+        again.load_state_dict(jm_model.state_dict())  # jax arrays
+        half = resnet18(nn).to(jnp.bfloat16)
+        half.load_state_dict({k: v.numpy() for k, v in sd.items()})  # float32 into bfloat16
+    assert seen == []
+    for k, v in sd.items():
+        want = v.numpy()
+        for model in (jm_model, again):
+            got = model.state_dict()[k]
+            assert got.dtype == (jnp.int32 if want.dtype == np.int64 else want.dtype), k
+            np.testing.assert_array_equal(got, want, err_msg=k)
+        if want.dtype == np.float32:
+            np.testing.assert_array_equal(
+                half.state_dict()[k], jnp.asarray(want).astype(jnp.bfloat16), err_msg=k
+            )
+    assert jm_model.fc.weight.data.committed and not jm_model.fc.bias.data.committed
+    # copies, as PyTorch's copy_: the checkpoint's memory is not the model's
+    fc = np.array(jm_model.fc.weight)
+    with torch.no_grad():
+        tm.fc.weight.add_(1.0)
+    np.testing.assert_array_equal(jm_model.fc.weight, fc)
+    assert again.fc.weight.data is not jm_model.fc.weight.data
+
+
+@pytest.mark.torch
 def test_bfloat16_torch_tensors_load_like_torch():
     def run(s, assign):
         m = s.nn.Linear(3, 2)

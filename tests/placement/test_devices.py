@@ -14,6 +14,7 @@ from _torch import torch
 
 import jmodule as jm
 from jmodule import nn
+from jmodule._placement.device import single_device_sharding
 
 
 def _bn_with_complex(lib):
@@ -77,7 +78,7 @@ def test_to_keeps_parameter_identity_and_values():
     assert model.weight is weight
     cpu = jax.devices("cpu")[0]
     model.to(cpu)
-    model.to(jax.sharding.SingleDeviceSharding(cpu))
+    model.to(single_device_sharding(cpu))  # a jax.sharding.Sharding
     model.to(jm.device("cpu"), non_blocking=True)
     model.to(memory_format=jm.channels_last)
     model.cpu()
@@ -271,3 +272,29 @@ def test_parameters_follow_default_device_context_and_device_argument():
 def test_share_memory_is_a_documented_noop():
     model = nn.Linear(2, 2)
     assert model.share_memory() is model
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_casting_a_model_on_the_cpu_compiles_nothing_and_rounds_as_xla(dtype):
+    from _monitoring import LOWER, counting
+
+    tiny = float(np.finfo(np.float32).tiny)
+    special = np.array(
+        [0.1, -2.5e-8, tiny, 70000.0, np.inf, -np.inf, 1 / 3, 65519.0, -0.0, 3e-5], np.float32
+    )
+    model = nn.Sequential(nn.Linear(10, 7), nn.BatchNorm1d(7))
+    model[0].weight.data = jnp.asarray(np.tile(special, (7, 1)))
+    want = {
+        k: jnp.asarray(v).astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+        for k, v in model.state_dict().items()
+    }
+    with counting(LOWER) as seen:
+        model.to(dtype)
+        model.float().to(dtype)  # back and forth
+    assert seen == []
+    for k, v in model.state_dict().items():
+        assert v.dtype == want[k].dtype, k
+        if jnp.issubdtype(want[k].dtype, jnp.floating):
+            np.testing.assert_array_equal(
+                np.asarray(v, np.float32), np.asarray(want[k], np.float32)
+            )

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import jmodule as jm
 import jmodule.serialization as jms
+from jmodule._placement.device import single_device_sharding
 from jmodule.serialization import _atomic, _directory, _metafile
 
 DTYPES = [
@@ -232,7 +233,7 @@ def test_map_location_device_dtype_pair_array_and_callable(tmp_path):
     sd = {"w": _random((3,), jnp.float32), "h": _random((3,), jnp.bfloat16), "i": jnp.arange(3)}
     jms.save(sd, tmp_path / "c")
     cpu = jax.devices("cpu")[0]
-    for spec in ("cpu", cpu, jm.device("cpu"), jax.sharding.SingleDeviceSharding(cpu)):
+    for spec in ("cpu", cpu, jm.device("cpu"), single_device_sharding(cpu)):
         out = jms.load(tmp_path / "c", map_location=spec)
         assert all(a.devices() == {cpu} for a in out.values())
         assert all(_same(out[k], sd[k]) for k in sd)

@@ -19,6 +19,7 @@ import pytest
 from _paths import ROOT
 
 import jmodule.serialization as jms
+from jmodule._placement.device import single_device_sharding
 from jmodule.serialization import _atomic, _checksum, _directory, _metafile
 
 #: Written by jm before checkpoints used CRC-32C (``"crc32:..."`` checksums): see
@@ -87,7 +88,7 @@ def test_orbax_restores_the_arrays_of_a_jm_checkpoint(tmp_path):
     body = _metafile.read(tmp_path / "c")
     stored = {e["stored"]: e["key"] for e in body["arrays"] if e["stored"] is not None}
     # Restored the way Orbax's documentation does: onto a sharding given per array.
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = single_device_sharding(jax.devices()[0])
     target = {
         name: jax.ShapeDtypeStruct(tuple(sd[key].shape), sd[key].dtype, sharding=device)
         for name, key in stored.items()

@@ -21,6 +21,7 @@ import numpy as np
 from jmodule._lowering import state
 from jmodule._lowering import tracebacks as _tracebacks
 from jmodule._lowering.errors import DeletedArrayError
+from jmodule._placement import factory as _factory
 from jmodule._placement.device import is_meta
 from jmodule.nn.modules._hooks import RemovableHandle
 from jmodule.nn.parameter import Parameter, as_array
@@ -165,6 +166,9 @@ def _copy_error(key: str, current: Any, value: Any, problem: Any) -> str:
 
 def _place_like(value: Any, like: Any) -> jax.Array:
     """``value`` converted to ``like``'s dtype and placed on ``like``'s devices."""
+    host = _on_host(value, like)
+    if host is not None:
+        return _factory.put_like(host, like)
     arr = as_array(value)
     if arr.dtype != like.dtype:
         arr = arr.astype(like.dtype)
@@ -176,6 +180,37 @@ def _place_like(value: Any, like: Any) -> jax.Array:
         # since a compiled step donates (frees) the buffers it rewrites.
         arr = arr.copy()
     return state.committed(arr, like=like)  # as the value it replaces: no new compile
+
+
+def _on_host(value: Any, like: Any) -> np.ndarray | None:
+    """A new host copy of ``value`` in ``like``'s dtype, where ``like`` lives on one CPU; else
+    None.
+
+    Loading through JAX compiled a program per shape (``jnp.asarray`` copies a NumPy or
+    torch array with one, ``astype`` and ``copy`` too): a notebook loading PyTorch weights
+    into a fresh process paid tens of them. A NumPy copy is as fast and compiles nothing;
+    the copy is what PyTorch's ``copy_`` makes (the model shares no memory with the
+    checkpoint, which a compiled step's donation would free).
+    """
+    if not _factory.on_one_cpu(like) or isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, state.Cell) or "_jm_tensor" in type(value).__dict__:
+        value = as_array(value)
+    if isinstance(value, jax.Array):
+        if not _factory.on_one_cpu(value):
+            return None
+        if value.is_deleted():
+            return None  # as_array's path raises the teaching error
+        value = np.asarray(value)
+    elif type(value).__module__.startswith("torch"):
+        value = state.torch_to_numpy(value)
+    if not isinstance(value, np.ndarray):
+        return None
+    kinds = {np.dtype(value.dtype).kind, np.dtype(like.dtype).kind}
+    if value.dtype != like.dtype and not (kinds <= {"f", "V"} or kinds <= {"i", "u"}):
+        return None  # bool, complex, float <-> int: as JAX converts them
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.array(value, dtype=like.dtype, copy=True)
 
 
 class StateDictMixin:

@@ -161,7 +161,7 @@ def _x64() -> bool:
 def _refill(value: Any, fill: Any) -> Any:
     if isinstance(value, jax.ShapeDtypeStruct):
         return value
-    return jnp.full(value.shape, fill, value.dtype, device=value.sharding)
+    return _factory.filled(value, fill)
 
 
 class BatchNorm1d(_BatchNorm):
