@@ -2,7 +2,10 @@
 
 The eager tape leaves constant residuals out of its forward programs and the
 optimizers fill their initial state on the host (``optim/optimizer._initial``):
-both read which outputs of a traced function are scalar constants.
+both read which outputs of a traced function are scalar constants. The tape
+also computes again, in the backward program, residuals that cheap operations
+make from inputs not differentiated (a classification loss's one-hot mask and
+count of the labels): :func:`recomputable`.
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import ClosedJaxpr as _ClosedJaxpr
 from jax.extend.core import Literal as _Literal
+from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
+from jax.interpreters.partial_eval import dce_jaxpr_consts as _dce_jaxpr_consts
 
-__all__ = ["constant_outputs"]
+__all__ = ["constant_outputs", "recomputable"]
 
 
 #: Primitives that call a jaxpr and return its outputs (``jax.jit`` inside a trace).
@@ -60,3 +66,67 @@ def constant_outputs(closed: Any) -> dict[int, tuple[Any, tuple[int, ...], Any]]
         if value is not None and not jnp.issubdtype(aval.dtype, jax.dtypes.extended):
             out[j] = (np.asarray(value, aval.dtype), tuple(aval.shape), aval.dtype)
     return out
+
+
+#: Primitives as cheap per element as reading their result back: an output made from
+#: undifferentiated inputs by these alone is computed again in the backward program
+#: (where XLA fuses it into its consumer) instead of being written by the forward and
+#: held. Random bits, transcendental functions, contractions and sorts are not.
+_CHEAP = frozenset(
+    {
+        "abs", "add", "and", "broadcast_in_dim", "clamp", "concatenate", "convert_element_type",
+        "copy", "copy_p", "div", "dynamic_slice", "eq", "expand_dims", "gather", "ge", "gt",
+        "iota", "le", "lt", "max", "min", "mul", "ne", "neg", "not", "or", "pad", "reduce_and",
+        "reduce_max", "reduce_min", "reduce_or", "reduce_sum", "rem", "reshape", "rev",
+        "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign",
+        "slice", "squeeze", "sub", "transpose", "xor",
+    }
+)  # fmt: skip
+
+
+def _cheap(eqn: Any) -> bool:
+    """Whether ``eqn`` (through nested ``jit`` calls) is made of :data:`_CHEAP` primitives."""
+    if eqn.effects:
+        return False
+    name = eqn.primitive.name
+    if name in _CALLS and "jaxpr" in eqn.params:
+        inner = eqn.params["jaxpr"]
+        return all(_cheap(e) for e in getattr(inner, "jaxpr", inner).eqns)
+    return name in _CHEAP
+
+
+def recomputable(
+    closed: Any, differentiated: Any, outputs: Any
+) -> tuple[tuple[int, ...], tuple[int, ...], Any] | None:
+    """Which of ``closed``'s ``outputs`` cheap operations make from the other inputs alone.
+
+    ``differentiated``: input positions the outputs must not depend on. Returns
+    ``(found, inputs, fn)``: the output indices found, the input positions
+    they are made from, and ``fn(*those inputs)`` computing them (the part of
+    the jaxpr they need, nested ``jit`` calls pruned too); None when there is
+    none. An output that is an input itself, or a literal, is not one (nothing
+    to compute).
+
+    >>> import jax, jax.numpy as jnp
+    >>> closed = jax.make_jaxpr(lambda x, t: (x * 2, t == 3, jnp.sin(t)))(1.0, jnp.arange(4))
+    >>> found, inputs, fn = recomputable(closed, {0}, [0, 1, 2])
+    >>> found, inputs, fn(jnp.arange(4))[0].tolist()
+    ((1,), (1,), [False, False, False, True])
+    """
+    jaxpr = closed.jaxpr
+    n = len(jaxpr.outvars)
+    invars = set(jaxpr.invars)
+    found = []
+    for j in outputs:
+        var = jaxpr.outvars[j]
+        if isinstance(var, _Literal) or var in invars:
+            continue
+        part, _, used = _dce_jaxpr_consts(jaxpr, [k == j for k in range(n)])
+        if not any(used[i] for i in differentiated) and all(_cheap(e) for e in part.eqns):
+            found.append(j)
+    if not found:
+        return None
+    part, used_consts, used = _dce_jaxpr_consts(jaxpr, [k in found for k in range(n)])
+    consts = [c for c, u in zip(closed.consts, used_consts) if u]
+    inputs = tuple(i for i, u in enumerate(used) if u)
+    return tuple(found), inputs, _jaxpr_as_fun(_ClosedJaxpr(part, consts))

@@ -239,7 +239,9 @@ class _Compiled:
     constant broadcast (the zeros of ``select(x > 0, g, 0)`` in ReLU's and
     max-pooling's derivatives: the backward program makes them, where XLA fuses
     them away, instead of the forward writing and the node holding arrays of
-    zeros as large as the activations).
+    zeros as large as the activations), and residuals that cheap operations make
+    from inputs not differentiated (the one-hot mask and count of a loss's labels):
+    the backward program computes those again from the inputs (``_REDO``).
     """
 
     __slots__ = (
@@ -250,6 +252,7 @@ class _Compiled:
         "inexact",
         "out_avals",
         "out_tree",
+        "redo",
         "tree",
         "where",
     )
@@ -258,9 +261,14 @@ class _Compiled:
         self.tree: Any = None
         self.out_tree: Any = None
         #: Per residual: the input it is (an index into the passed values), ``_KEPT``
-        #: (an output of the forward program) or ``_CONST`` (made by the backward).
+        #: (an output of the forward program), ``_CONST`` or ``_REDO`` (made by the backward).
         self.where: tuple[int, ...] = ()
+        #: The passed values the node keeps: the residuals that are inputs, in order, then
+        #: the inputs of ``redo``.
         self.from_inputs: tuple[int, ...] = ()
+        #: ``(number of residual inputs in from_inputs, fn)``: ``fn(*the other inputs)``
+        #: computes the ``_REDO`` residuals, in order; None when there are none.
+        self.redo: tuple[int, Callable] | None = None
         #: ``(value, shape, dtype)`` of each ``_CONST`` residual, in order.
         self.consts: tuple[tuple[Any, tuple[int, ...], Any], ...] = ()
         self.out_avals: tuple[Any, ...] = ()
@@ -295,13 +303,24 @@ class _Compiled:
             outs, where = found["outs"], list(found["where"])
             n = len(outs)
             consts = _jaxprs.constant_outputs(closed)
+            kept_at = [j for j, w in enumerate(where) if w == _KEPT]  # residual -> output n + t
             dropped, made = set(), []
-            for t, j in enumerate(j for j, w in enumerate(where) if w == _KEPT):
+            for t, j in enumerate(kept_at):
                 c = consts.get(n + t)
                 if c is not None:
                     where[j] = _CONST
                     dropped.add(t)
                     made.append(c)
+            passed = [k for k in kinds if k != _NONE]
+            redo = _jaxprs.recomputable(
+                closed,
+                [i for i, k in enumerate(passed) if k == _TRACKED],
+                [n + t for t in range(len(kept_at)) if t not in dropped],
+            )
+            if redo is not None:
+                for o in redo[0]:
+                    where[kept_at[o - n]] = _REDO
+                    dropped.add(o - n)
             evaluate = _jaxpr_as_fun(closed)
 
             def program(*vals: Any) -> tuple[list, list]:
@@ -311,7 +330,9 @@ class _Compiled:
             # Set together, once known (another thread may be building the same entry).
             self.out_tree, self.tree = found["out_tree"], found["tree"]
             self.consts, self.where = tuple(made), tuple(where)
-            self.from_inputs = tuple(w for w in where if w >= 0)
+            direct = tuple(w for w in where if w >= 0)
+            self.from_inputs = direct if redo is None else direct + redo[1]
+            self.redo = None if redo is None else (len(direct), redo[2])
             self.out_avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs)
             self.inexact = tuple(_inexact(o.dtype) for o in outs)
             self.fwd = jax.jit(program)
@@ -325,10 +346,17 @@ class _Compiled:
         if program is None:
 
             def backward(kept: list, inputs: list, cts: list) -> Any:
-                k, i = iter(kept), iter(inputs)
-                c = iter(self.consts)
+                k, i, c = iter(kept), iter(inputs), iter(self.consts)
+                if self.redo is not None:
+                    r = iter(self.redo[1](*inputs[self.redo[0] :]))
                 res = [
-                    next(i) if w >= 0 else next(k) if w == _KEPT else _full(*next(c))
+                    next(i)
+                    if w >= 0
+                    else next(k)
+                    if w == _KEPT
+                    else next(r)
+                    if w == _REDO
+                    else _full(*next(c))
                     for w in self.where
                 ]
                 pullback = jax.tree_util.tree_unflatten(self.tree, res)
@@ -357,7 +385,7 @@ def _full(value: Any, shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 #: Where a residual comes from besides an input (``_Compiled.where``).
-_KEPT, _CONST = -1, -2
+_KEPT, _CONST, _REDO = -1, -2, -3
 
 _NONE, _GIVEN, _TRACKED = 0, 1, 2
 

@@ -289,6 +289,57 @@ def test_the_tape_keeps_no_arrays_of_zeros(fused):
         np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), atol=1e-5, err_msg=name)
 
 
+_LOSS_CASES = {
+    "cross_entropy": (lambda F, x, t, w: F.cross_entropy(x, t), (5, 4)),
+    "cross_entropy_weighted_ignored": (
+        lambda F, x, t, w: F.cross_entropy(x, t, weight=w, ignore_index=2),
+        (5, 4),
+    ),
+    "cross_entropy_smoothed_sum": (
+        lambda F, x, t, w: F.cross_entropy(x, t, label_smoothing=0.2, reduction="sum"),
+        (5, 4),
+    ),
+    "cross_entropy_spatial": (lambda F, x, t, w: F.cross_entropy(x, t, ignore_index=0), (3, 4, 2)),
+    "nll_loss_weighted": (lambda F, x, t, w: F.nll_loss(x, t, weight=w), (5, 4)),
+    "nll_loss_single": (lambda F, x, t, w: F.nll_loss(x[0], t[0]), (5, 4)),
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", sorted(_LOSS_CASES))
+def test_a_loss_keeps_nothing_made_from_its_labels(case):
+    """The tape keeps no one-hot mask, index or count of a loss's labels for the backward:
+    the backward program makes them again from the labels (which it holds anyway), and the
+    gradients equal PyTorch's (float64)."""
+    loss_of, shape = _LOSS_CASES[case]
+    rng = np.random.default_rng(1)
+    xn = rng.standard_normal(shape)
+    tn = rng.integers(0, shape[1], (shape[0], *shape[2:]))
+    wn = rng.uniform(0.5, 2.0, shape[1])
+    with jax.enable_x64(True):
+        x = jm.nn.Parameter(jnp.asarray(xn))
+        t, w = jnp.asarray(tn), jnp.asarray(wn)
+        kept = []
+
+        def closure():
+            loss = loss_of(F, x, t, w)
+            kept.extend(_kept_by_the_tape(loss))
+            return loss
+
+        loss = jm.backward(closure)
+        made_from_labels = [
+            (a.dtype, a.shape)
+            for a in kept
+            if not jnp.issubdtype(a.dtype, jnp.floating) or a.shape in (t.shape, ())
+        ]
+        assert not made_from_labels, f"kept for the backward: {made_from_labels}"
+        tx = torch.tensor(xn, requires_grad=True)
+        tloss = loss_of(torch.nn.functional, tx, torch.tensor(tn), torch.tensor(wn))
+        tloss.backward()
+        np.testing.assert_allclose(float(loss), tloss.item(), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(x.grad), tx.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
 def test_values_inside_the_closure_are_concrete():
     """print(), float() and Python control flow see values, as in PyTorch eager."""
     m = nn.Linear(3, 1)
