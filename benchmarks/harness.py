@@ -71,6 +71,17 @@ def paired(a: Step, b: Step, pairs: int, regime: str, block: int = 10) -> tuple[
     every pair), each call blocked on and timed on its own. Pipelined: they
     alternate in blocks of ``block`` calls blocked once at the end, timed per
     block. A change in machine load hits both alike.
+
+    Two frameworks paired this way also slow each other: each leaves threads
+    running after its call (PyTorch's OpenMP pool spins, then sleeps; waking it
+    costs milliseconds), and the other's next call shares the cores with
+    them. Measured on the 2-core VM (compiled CNN step): jmodule alone 6.25
+    ms, PyTorch alone 6.25-6.78 ms; call by call 8.5 and 7.0 ms; jmodule paired
+    with plain JAX 6.26 ms. For the eager CNN step the other way round
+    (PyTorch 9.1-9.4 ms paired, 6.0-6.4 alone). Waiting between calls does not
+    remove it (a sleeping pool wakes slowly: PyTorch 9.9 ms after 20 ms idle
+    against 0.3 ms). So jmodule / PyTorch figures include this cost, in the
+    direction of whichever framework suffers more.
     """
     ta: list[float] = []
     tb: list[float] = []
