@@ -1,11 +1,11 @@
-"""What a jaxpr's outputs are without computing them (public ``jax.extend.core`` API only).
+"""What a jaxpr's outputs are without computing them (public JAX API only).
 
-The eager tape leaves constant residuals out of its forward programs and the
-optimizers fill their initial state on the host (``optim/optimizer._initial``):
-both read which outputs of a traced function are scalar constants. The tape
-also computes again, in the backward program, residuals that cheap operations
-make from inputs not differentiated (a classification loss's one-hot mask and
-count of the labels): :func:`recomputable`.
+The optimizers fill their initial state on the host (``optim/optimizer._initial``)
+from which outputs of a traced function are scalar constants
+(:func:`constant_outputs`); the eager tape leaves out of its forward programs the
+residuals that cheap operations make from inputs not differentiated or from
+nothing (:func:`recomputable`: the zeros of ReLU's derivative, a loss's gather
+indices made from its labels), and its backward programs compute them again.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def recomputable(
     ``(found, inputs, fn)``: the output indices found, the input positions
     they are made from, and ``fn(*those inputs)`` computing them (the part of
     the jaxpr they need, nested ``jit`` calls pruned too); None when there is
-    none. An output that is an input itself, or a literal, is not one (nothing
-    to compute).
+    none. A literal output is found (made from nothing); an output that is an
+    input itself is not (the caller keeps the input).
 
     >>> import jax, jax.numpy as jnp
     >>> closed = jax.make_jaxpr(lambda x, t: (x * 2, t == 3, jnp.sin(t)))(1.0, jnp.arange(4))
@@ -119,7 +119,7 @@ def recomputable(
     found = []
     for j in outputs:
         var = jaxpr.outvars[j]
-        if isinstance(var, _Literal) or var in invars:
+        if not isinstance(var, _Literal) and var in invars:
             continue
         part, _, used = _dce_jaxpr_consts(jaxpr, [k == j for k in range(n)])
         if not any(used[i] for i in differentiated) and all(_cheap(e) for e in part.eqns):

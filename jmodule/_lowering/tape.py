@@ -235,18 +235,17 @@ class _Compiled:
     argument ``i`` is None (fixed, not passed), a value not differentiated,
     or a differentiated one. The forward program returns the flat outputs
     and the residuals the pullback needs, except residuals that are inputs
-    (the node keeps those; they are not copied out) and residuals that are a
-    constant broadcast (the zeros of ``select(x > 0, g, 0)`` in ReLU's and
-    max-pooling's derivatives: the backward program makes them, where XLA fuses
-    them away, instead of the forward writing and the node holding arrays of
-    zeros as large as the activations), and residuals that cheap operations make
-    from inputs not differentiated (the one-hot mask and count of a loss's labels):
-    the backward program computes those again from the inputs (``_REDO``).
+    (the node keeps those; they are not copied out) and residuals that cheap
+    operations make from inputs not differentiated, or from nothing (``_REDO``):
+    the backward program computes those again, where XLA fuses them into their
+    consumers. The constants are the zeros of ``select(x > 0, g, 0)`` in ReLU's
+    and max-pooling's derivatives, which the forward would write and the node hold
+    as arrays of zeros as large as the activations; those made from inputs, a
+    loss's gather indices, ignore-index mask and count, made from its labels.
     """
 
     __slots__ = (
         "bwd",
-        "consts",
         "from_inputs",
         "fwd",
         "inexact",
@@ -261,7 +260,7 @@ class _Compiled:
         self.tree: Any = None
         self.out_tree: Any = None
         #: Per residual: the input it is (an index into the passed values), ``_KEPT``
-        #: (an output of the forward program), ``_CONST`` or ``_REDO`` (made by the backward).
+        #: (an output of the forward program) or ``_REDO`` (made by the backward).
         self.where: tuple[int, ...] = ()
         #: The passed values the node keeps: the residuals that are inputs, in order, then
         #: the inputs of ``redo``.
@@ -269,8 +268,6 @@ class _Compiled:
         #: ``(number of residual inputs in from_inputs, fn)``: ``fn(*the other inputs)``
         #: computes the ``_REDO`` residuals, in order; None when there are none.
         self.redo: tuple[int, Callable] | None = None
-        #: ``(value, shape, dtype)`` of each ``_CONST`` residual, in order.
-        self.consts: tuple[tuple[Any, tuple[int, ...], Any], ...] = ()
         self.out_avals: tuple[Any, ...] = ()
         #: Per flat output: whether it is floating (differentiable).
         self.inexact: tuple[bool, ...] = ()
@@ -296,27 +293,20 @@ class _Compiled:
             return outs, [r for r, w in zip(res, where) if w == _KEPT]
 
         def first(*given: Any) -> tuple[list, list]:
-            # Traced once, to find the constant residuals; the program evaluates that
-            # jaxpr (``fn`` is not traced again) and leaves them out.
+            # Traced once, to find the residuals the backward makes again; the program
+            # evaluates that jaxpr (``fn`` is not traced again) and leaves them out.
             found: dict[str, Any] = {}  # what this trace of ``forward`` learns
             closed = jax.make_jaxpr(functools.partial(forward, found))(*map(_abstract, given))
             outs, where = found["outs"], list(found["where"])
             n = len(outs)
-            consts = _jaxprs.constant_outputs(closed)
             kept_at = [j for j, w in enumerate(where) if w == _KEPT]  # residual -> output n + t
-            dropped, made = set(), []
-            for t, j in enumerate(kept_at):
-                c = consts.get(n + t)
-                if c is not None:
-                    where[j] = _CONST
-                    dropped.add(t)
-                    made.append(c)
             passed = [k for k in kinds if k != _NONE]
             redo = _jaxprs.recomputable(
                 closed,
                 [i for i, k in enumerate(passed) if k == _TRACKED],
-                [n + t for t in range(len(kept_at)) if t not in dropped],
+                range(n, n + len(kept_at)),
             )
+            dropped = set()
             if redo is not None:
                 for o in redo[0]:
                     where[kept_at[o - n]] = _REDO
@@ -329,7 +319,7 @@ class _Compiled:
 
             # Set together, once known (another thread may be building the same entry).
             self.out_tree, self.tree = found["out_tree"], found["tree"]
-            self.consts, self.where = tuple(made), tuple(where)
+            self.where = tuple(where)
             direct = tuple(w for w in where if w >= 0)
             self.from_inputs = direct if redo is None else direct + redo[1]
             self.redo = None if redo is None else (len(direct), redo[2])
@@ -346,19 +336,10 @@ class _Compiled:
         if program is None:
 
             def backward(kept: list, inputs: list, cts: list) -> Any:
-                k, i, c = iter(kept), iter(inputs), iter(self.consts)
-                if self.redo is not None:
-                    r = iter(self.redo[1](*inputs[self.redo[0] :]))
-                res = [
-                    next(i)
-                    if w >= 0
-                    else next(k)
-                    if w == _KEPT
-                    else next(r)
-                    if w == _REDO
-                    else _full(*next(c))
-                    for w in self.where
-                ]
+                i = iter(inputs)
+                made = () if self.redo is None else self.redo[1](*inputs[self.redo[0] :])
+                other = {_KEPT: iter(kept), _REDO: iter(made)}
+                res = [next(i) if w >= 0 else next(other[w]) for w in self.where]
                 pullback = jax.tree_util.tree_unflatten(self.tree, res)
                 given = iter(cts)
                 full = [next(given) if p else _zero(a) for p, a in zip(present, self.out_avals)]
@@ -380,12 +361,8 @@ def _abstract(value: Any) -> Any:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-def _full(value: Any, shape: tuple[int, ...], dtype: Any) -> Any:
-    return jnp.full(shape, value, dtype)
-
-
 #: Where a residual comes from besides an input (``_Compiled.where``).
-_KEPT, _CONST, _REDO = -1, -2, -3
+_KEPT, _REDO = -1, -2
 
 _NONE, _GIVEN, _TRACKED = 0, 1, 2
 
