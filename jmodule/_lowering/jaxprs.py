@@ -4,8 +4,10 @@ The optimizers fill their initial state on the host (``optim/optimizer._initial`
 from which outputs of a traced function are scalar constants
 (:func:`constant_outputs`); the eager tape leaves out of its forward programs the
 residuals that cheap operations make from inputs not differentiated or from
-nothing (:func:`recomputable`: the zeros of ReLU's derivative, a loss's gather
-indices made from its labels), and its backward programs compute them again.
+nothing, and those that rearrange inputs no larger than themselves
+(:func:`recomputable`: the zeros of ReLU's derivative, a loss's gather indices
+made from its labels, the transposed weight of ``x @ w.T``), and its backward
+programs compute them again.
 """
 
 from __future__ import annotations
@@ -84,28 +86,47 @@ _CHEAP = frozenset(
 )  # fmt: skip
 
 
-def _cheap(eqn: Any) -> bool:
-    """Whether ``eqn`` (through nested ``jit`` calls) is made of :data:`_CHEAP` primitives."""
+#: Primitives that only move or widen what they read: an output made by these alone from
+#: inputs no larger than itself (a weight's transpose, which a matrix product's derivative
+#: needs) is computed again from those inputs, differentiated or not, in the backward: the
+#: node keeps the inputs instead of a copy as large, and the forward writes nothing.
+_LAYOUT = frozenset(
+    {
+        "broadcast_in_dim", "convert_element_type", "copy", "copy_p", "expand_dims",
+        "reshape", "rev", "squeeze", "transpose",
+    }
+)  # fmt: skip
+
+
+def _made_of(eqn: Any, allowed: frozenset) -> bool:
+    """Whether ``eqn`` (through nested ``jit`` calls) is made of ``allowed`` primitives."""
     if eqn.effects:
         return False
     name = eqn.primitive.name
     if name in _CALLS and "jaxpr" in eqn.params:
         inner = eqn.params["jaxpr"]
-        return all(_cheap(e) for e in getattr(inner, "jaxpr", inner).eqns)
-    return name in _CHEAP
+        return all(_made_of(e, allowed) for e in getattr(inner, "jaxpr", inner).eqns)
+    return name in allowed
+
+
+def _nbytes(aval: Any) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
 
 
 def recomputable(
     closed: Any, differentiated: Any, outputs: Any
 ) -> tuple[tuple[int, ...], tuple[int, ...], Any] | None:
-    """Which of ``closed``'s ``outputs`` cheap operations make from the other inputs alone.
+    """Which of ``closed``'s ``outputs`` are cheap to make again from inputs.
 
-    ``differentiated``: input positions the outputs must not depend on. Returns
-    ``(found, inputs, fn)``: the output indices found, the input positions
-    they are made from, and ``fn(*those inputs)`` computing them (the part of
-    the jaxpr they need, nested ``jit`` calls pruned too); None when there is
-    none. A literal output is found (made from nothing); an output that is an
-    input itself is not (the caller keeps the input).
+    An output is found when :data:`_CHEAP` operations make it from inputs not
+    ``differentiated`` (positions), or :data:`_LAYOUT` operations from inputs,
+    differentiated or not, no larger in bytes than the output (keeping them costs
+    no more memory than keeping it). Returns ``(found, inputs, fn)``: the output
+    indices found, the input positions they are made from, and
+    ``fn(*those inputs)`` computing them (the part of the jaxpr they need, nested
+    ``jit`` calls pruned too); None when there is none. A literal output is found
+    (made from nothing); an output that is an input itself is not (the caller
+    keeps the input).
 
     >>> import jax, jax.numpy as jnp
     >>> closed = jax.make_jaxpr(lambda x, t: (x * 2, t == 3, jnp.sin(t)))(1.0, jnp.arange(4))
@@ -122,7 +143,12 @@ def recomputable(
         if not isinstance(var, _Literal) and var in invars:
             continue
         part, _, used = _dce_jaxpr_consts(jaxpr, [k == j for k in range(n)])
-        if not any(used[i] for i in differentiated) and all(_cheap(e) for e in part.eqns):
+        if not any(used[i] for i in differentiated):
+            if all(_made_of(e, _CHEAP) for e in part.eqns):
+                found.append(j)
+        elif all(_made_of(e, _LAYOUT) for e in part.eqns) and sum(
+            _nbytes(v.aval) for v, u in zip(jaxpr.invars, used) if u
+        ) <= _nbytes(var.aval):
             found.append(j)
     if not found:
         return None

@@ -1003,11 +1003,14 @@ def _held_names(
     ]
 
 
-def _views(v: Any) -> int:
-    """How many NumPy arrays or buffer exports (``np.asarray`` of it) refer to ``v``:
-    zero-copy views, which keep its buffer alive whether donated or not."""
+def _not_held(v: Any) -> int:
+    """How many references to ``v`` are not the user's to read: NumPy arrays or buffer
+    exports (``np.asarray`` of it: zero-copy views, which keep its buffer alive whether
+    donated or not) and live eager graphs' saved inputs (``tape.Saved``: a backward
+    through such a graph after the step raises ``tape.STALE_GRAPH_HELP``, as PyTorch's
+    does after an in-place update)."""
     return sum(
-        isinstance(r, (np.ndarray, memoryview)) or type(r).__name__ == "managedbuffer"
+        isinstance(r, (np.ndarray, memoryview, _tape.Saved)) or type(r).__name__ == "managedbuffer"
         for r in gc.get_referrers(v)
     )
 
@@ -1036,15 +1039,16 @@ def _check_held(plan: Plan, candidates: list[tuple[int, int, Any]], held: int | 
         return
     if plan.held_collections >= 3:
         return  # checked often enough: what holds them is not the user's
-    # Maybe only a garbage cycle, or NumPy views of the arrays (np.asarray: they keep
-    # the buffer alive, donated or not): collect, and count again without the views.
+    # Maybe only a garbage cycle, NumPy views of the arrays (np.asarray: they keep the
+    # buffer alive, donated or not) or a live graph's saved inputs: collect, and count
+    # again without those.
     plan.held_collections += 1
     gc.collect()
-    counts = [sys.getrefcount(v) - 2 - _views(v) for _, _, v in candidates]
+    counts = [sys.getrefcount(v) - 2 - _not_held(v) for _, _, v in candidates]
     shared = {
         id(e.committed())
         for e in plan.committed
-        if sys.getrefcount(e.uncommitted) - _views(e.uncommitted) > 2  # the record, the arg
+        if sys.getrefcount(e.uncommitted) - _not_held(e.uncommitted) > 2  # the record, the arg
     }
     names = _held_names(plan, candidates, counts, held, shared)
     if not names:

@@ -89,6 +89,28 @@ class _Node:
 #: What a node's ``op`` becomes once a backward pass freed what it kept.
 _FREED = object()
 
+
+class Saved(list):
+    """The inputs a node keeps for its backward (a weight, a loss's labels), by reference.
+
+    Its own type, so that a donating step's check for arrays held elsewhere
+    (``program._check_held``) can tell a graph's references from the user's: a
+    step that donates a parameter a live graph saved makes that graph unusable, as
+    an in-place update does in PyTorch, and the backward through it then says so
+    (:data:`STALE_GRAPH_HELP`).
+    """
+
+    __slots__ = ()
+
+
+STALE_GRAPH_HELP = (
+    "One of the arrays needed for gradient computation was deleted after the forward that "
+    "saved it: a donating step (a jm.compile'd step or an optimizer step) reused its memory "
+    "to update a parameter, as PyTorch raises 'one of the variables needed for gradient "
+    "computation has been modified by an inplace operation'. Call backward before the "
+    "step, or run the forward again after it."
+)
+
 SECOND_BACKWARD_HELP = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
     "after they have already been freed). Saved intermediate values of the graph are freed "
@@ -236,12 +258,16 @@ class _Compiled:
     or a differentiated one. The forward program returns the flat outputs
     and the residuals the pullback needs, except residuals that are inputs
     (the node keeps those; they are not copied out) and residuals that cheap
-    operations make from inputs not differentiated, or from nothing (``_REDO``):
-    the backward program computes those again, where XLA fuses them into their
-    consumers. The constants are the zeros of ``select(x > 0, g, 0)`` in ReLU's
-    and max-pooling's derivatives, which the forward would write and the node hold
-    as arrays of zeros as large as the activations; those made from inputs, a
-    loss's gather indices, ignore-index mask and count, made from its labels.
+    operations make from inputs not differentiated, or from nothing, or that
+    rearrange inputs no larger than themselves (``_REDO``, found by
+    ``jaxprs.recomputable``): the backward program computes those again, where XLA
+    fuses them into their consumers. The constants are the zeros of
+    ``select(x > 0, g, 0)`` in ReLU's and max-pooling's derivatives, which the
+    forward would write and the node hold as arrays of zeros as large as the
+    activations; those made from inputs, a loss's gather indices, ignore-index mask
+    and count, made from its labels, and the transposed weight that the derivative
+    of ``x @ w.T`` needs, which the forward would copy out of every weight (the node
+    keeps the weight itself, as PyTorch saves it).
     """
 
     __slots__ = (
@@ -352,7 +378,12 @@ class _Compiled:
         present = tuple(c is not None for c in cts)
         given = [c for c in cts if c is not None]
         kept, inputs = node.kept
-        return self.backward_program(present)(kept, inputs, given)
+        try:
+            return self.backward_program(present)(kept, list(inputs), given)
+        except (RuntimeError, ValueError) as e:  # JAX's error for a deleted buffer varies
+            if any(a.is_deleted() for a in (*kept, *inputs) if type(a) is _ArrayImpl):
+                raise RuntimeError(STALE_GRAPH_HELP) from e
+            raise
 
 
 def _abstract(value: Any) -> Any:
@@ -519,7 +550,7 @@ class TapeTrace(jax.core.Trace):
         given = [v for v in vals if v is not None]
         with _set_current_trace(self.parent_trace):
             outs, kept = op.fwd(*given)
-        inputs = [given[i] for i in op.from_inputs]
+        inputs = Saved([given[i] for i in op.from_inputs])
         wrapped = self._wrap(op, (kept, inputs), srcs, outs)
         return jax.tree_util.tree_unflatten(op.out_tree, wrapped)
 

@@ -251,27 +251,8 @@ def _kept_by_the_tape(value):
     return kept
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_the_tape_keeps_no_arrays_of_zeros(fused):
-    """ReLU's and max-pooling's derivatives select between the cotangent and zeros: the
-    backward programs make those zeros; the tape keeps only what the forward computed."""
-    model = _cnn(jm.nn)
-    if not fused:  # a user class: each layer is its own node
-        layers = list(model)
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layers = nn.ModuleList(layers)
-
-            def forward(self, x):
-                for layer in self.layers:
-                    x = layer(x)
-                return x
-
-        model = Net()
-    xn, yn = _data((4, 1, 8, 8), np.float32)
-    x, y = jnp.asarray(xn), jnp.asarray(yn)
+def _backward_keeping(model, x, y):
+    """``jm.backward`` of ``model``'s cross-entropy, and every array its tape kept."""
     kept = []
 
     def closure():
@@ -279,7 +260,34 @@ def test_the_tape_keeps_no_arrays_of_zeros(fused):
         kept.extend(_kept_by_the_tape(loss))
         return loss
 
-    jm.backward(closure)
+    return jm.backward(closure), kept
+
+
+def _unfused(sequential):
+    """``sequential``'s layers under a user class: each layer its own node on the tape."""
+    layers = list(sequential)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(layers)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    return Net()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_tape_keeps_no_arrays_of_zeros(fused):
+    """ReLU's and max-pooling's derivatives select between the cotangent and zeros: the
+    backward programs make those zeros; the tape keeps only what the forward computed."""
+    model = _cnn(jm.nn) if fused else _unfused(_cnn(jm.nn))
+    xn, yn = _data((4, 1, 8, 8), np.float32)
+    x, y = jnp.asarray(xn), jnp.asarray(yn)
+    _, kept = _backward_keeping(model, x, y)
     activations = [a for a in kept if jnp.issubdtype(a.dtype, jnp.floating) and a.size >= 4 * 4 * 4]
     assert activations  # the pooled activations the last layers' derivatives need
     zeros = [a.shape for a in activations if not np.any(np.asarray(a))]
@@ -287,6 +295,47 @@ def test_the_tape_keeps_no_arrays_of_zeros(fused):
     fn, params = _functional_loss(model, x, y)
     for (name, p), g in zip(model.named_parameters(), jax.grad(fn)(params)):
         np.testing.assert_allclose(np.asarray(p.grad), np.asarray(g), atol=1e-5, err_msg=name)
+
+
+def _convnet(lib):
+    return lib.Sequential(
+        lib.Conv2d(2, 3, 3),
+        lib.ReLU(),
+        lib.Flatten(),
+        lib.Linear(48, 5),
+        lib.Tanh(),
+        lib.Linear(5, 7),
+    )
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_tape_keeps_no_rearranged_copy_of_a_weight(fused):
+    """The derivative of ``x @ w.T`` with respect to ``x`` needs ``w.T``: the node keeps
+    the weight itself (as PyTorch saves it) and the backward transposes it again, instead
+    of the forward writing a copy of every weight for the tape to hold (nor is a
+    convolution's kernel copied). Gradients equal PyTorch's (float64)."""
+    with jax.enable_x64(True):
+        torch.manual_seed(0)
+        ref = _convnet(torch.nn).double()
+        model = _convnet(jm.nn).double()
+        model.load_state_dict(ref.state_dict())
+        if not fused:
+            model = _unfused(model)
+        xn, yn = _data((2, 2, 6, 6), np.float64)
+        x, y = jnp.asarray(xn), jnp.asarray(yn)
+        loss, kept = _backward_keeping(model, x, y)
+        sizes = {p.size for p in model.parameters() if p.ndim > 1}  # 54, 240, 35
+        assert not sizes & {2 * 3 * 4 * 4, 2 * 5, 2 * 7}  # no activation is as large
+        copies = [a.shape for a in kept if a.size in sizes]
+        assert not copies, f"copies of weights kept for the backward: {copies}"
+        tloss = torch.nn.functional.cross_entropy(ref(torch.from_numpy(xn)), torch.from_numpy(yn))
+        tloss.backward()
+        np.testing.assert_allclose(float(loss), tloss.item(), rtol=1e-12)
+        for (name, p), (_, tp) in zip(model.named_parameters(), ref.named_parameters()):
+            np.testing.assert_allclose(
+                np.asarray(p.grad), tp.grad.numpy(), atol=1e-12, err_msg=name
+            )
 
 
 _LOSS_CASES = {

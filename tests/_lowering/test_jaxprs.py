@@ -41,3 +41,29 @@ def test_recomputable_keeps_the_constants_it_needs():
     found, inputs, fn = jaxprs.recomputable(closed, [0], [0, 1])
     assert (found, inputs) == ((1,), (1,))
     np.testing.assert_array_equal(np.asarray(fn(jnp.array([1, 2]))[0]), table[[1, 2]] + 1)
+
+
+def _rearranged(w, x, h):
+    wt = w.T  # what x @ w.T's derivative needs: a rearrangement of w, as large as w
+    flat = jax.jit(lambda w: w.reshape(-1))(w)  # inside a jit
+    wide = jnp.broadcast_to(w, (2, *w.shape))  # larger than w
+    narrow = w.astype(jnp.bfloat16)  # narrowed: keeping w would cost more than the copy
+    part = w[:, :1]  # a slice: keeping w would cost more
+    scaled = w * 2  # arithmetic on a differentiated input: kept
+    return x @ wt, wt, flat, wide, narrow, part, scaled, jnp.tanh(h).T
+
+
+def test_recomputable_finds_rearrangements_of_differentiated_inputs_no_larger():
+    w = jnp.arange(6.0).reshape(2, 3)
+    x = jnp.ones((4, 3))
+    h = jnp.ones((2, 2), jnp.float32)
+    closed = jax.make_jaxpr(_rearranged)(w, x, h)
+    found, inputs, fn = jaxprs.recomputable(closed, [0, 1, 2], range(1, 8))
+    # Not the narrowing cast or slice (smaller than w), the product, or tanh(h).T (a
+    # rearrangement of something the forward computed, not of an input).
+    assert found == (1, 2, 3)
+    assert inputs == (0,)
+    want = _rearranged(w, x, h)
+    for got, ref in zip(fn(w), want[1:4]):
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))

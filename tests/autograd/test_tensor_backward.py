@@ -9,6 +9,7 @@ off. Long trajectories are compared in float64.
 import gc
 import threading
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -152,6 +153,41 @@ def test_second_backward_raises_as_torch_unless_retain_graph(x64):
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         jloss.backward()
     assert "retain_graph=True" in str(t.value)
+
+
+@pytest.mark.torch
+def test_backward_after_a_step_updated_a_saved_weight_raises_as_torch(x64):
+    """A graph saves the weights its backward needs by reference (the last layer's, for the
+    gradient of its input), as PyTorch's does. A donating compiled step that updates them
+    is not warned about on the graph's account (nothing the user reads is deleted), and a
+    backward through the graph afterwards raises, as PyTorch's does after its in-place
+    optimizer step."""
+    ref, ours = _pair()
+    x, y = _batch()
+    tloss, jloss = _loss(torch, ref, x, y), _loss(jtorch, ours, x, y)
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()  # no gradients yet: nothing moves
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(0.5)
+
+    def step(m, inp, target):
+        m.zero_grad()
+        loss = jm.backward(lambda: jm.nn.functional.cross_entropy(m(inp), target))
+        for p in m.parameters():
+            p.data = p.data - 0.1 * p.grad
+        return loss
+
+    before = weakref.ref(ours[2].weight.data)  # not a reference the check counts
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jm.DonatedHeldWarning)
+        for _ in range(2):
+            jm.compile(step)(ours, jnp.asarray(x), jnp.asarray(y))
+    assert before().is_deleted()  # donated: the weight the graph saved is gone
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        tloss.backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as err:
+        jloss.backward()
+    assert "backward before the step" in str(err.value)
 
 
 @pytest.mark.torch
