@@ -105,8 +105,8 @@ class Saved(list):
 
 STALE_GRAPH_HELP = (
     "One of the arrays needed for gradient computation was deleted after the forward that "
-    "saved it: a donating step (a jm.compile'd step or an optimizer step) reused its memory "
-    "to update a parameter, as PyTorch raises 'one of the variables needed for gradient "
+    "saved it: a donating jm.compile'd step reused its memory to update a parameter, as "
+    "PyTorch raises 'one of the variables needed for gradient "
     "computation has been modified by an inplace operation'. Call backward before the "
     "step, or run the forward again after it."
 )
