@@ -37,6 +37,7 @@ from jax._src.interpreters import partial_eval as _pe
 __all__ = [
     "HAS_QDD",
     "INTERNALS",
+    "QUICK_COMPILE_OPTIONS",
     "ArrayImpl",
     "DynamicJaxprTrace",
     "EvalTrace",
@@ -107,6 +108,12 @@ INTERNALS: dict[str, tuple[str, str]] = {
     "get_referent": (
         "the Tracer protocol: TapeTracer.get_referent gives its array's referent",
         "none as of JAX 0.12",
+    ),
+    "QUICK_COMPILE_OPTIONS": (
+        "XLA:CPU's older loop emitters (xla_cpu_use_fusion_emitters=False) as jax.jit's "
+        "compiler_options, for small eager programs (jmodule/_lowering/quick.py): the option "
+        "exists in the XLA of jaxlib 0.10 and 0.11 and is gone from 0.12's (None there)",
+        "none as of JAX 0.12 (compiler_options are XLA DebugOptions; JAX lists none of them)",
     ),
     "HAS_QDD": (
         "whether this JAX has quasi-dynamic data (JAX 0.10: Tracer.cur_qdd; gone in 0.12): "
@@ -212,6 +219,12 @@ to_concrete_value = _core.to_concrete_value
 get_referent = _core.get_referent
 cur_qdd: Callable[[Any], Any] | None = getattr(_core, "cur_qdd", None)
 HAS_QDD = cur_qdd is not None
+
+QUICK_COMPILE_OPTIONS: dict[str, Any] | None = (
+    {"xla_cpu_use_fusion_emitters": False}
+    if tuple(int(p) for p in jax.lib.__version__.split(".")[:2]) < (0, 12)
+    else None
+)
 
 
 def bind_with_trace(prim: Any, trace: Any, args: Sequence[Any], params: dict) -> Any:

@@ -54,6 +54,7 @@ from jmodule._jax_internals import EvalTrace as _EvalTrace
 from jmodule._jax_internals import bind_with_trace as _bind_with_trace
 from jmodule._jax_internals import current_trace as _current_trace
 from jmodule._lowering import jaxprs as _jaxprs
+from jmodule._lowering import quick as _quick
 
 __all__ = ["TapeTrace", "TapeTracer", "active_tape", "concrete", "eager", "untaped", "usable"]
 
@@ -278,6 +279,7 @@ class _Compiled:
         "out_avals",
         "out_tree",
         "redo",
+        "small",
         "tree",
         "where",
     )
@@ -298,6 +300,8 @@ class _Compiled:
         #: Per flat output: whether it is floating (differentiable).
         self.inexact: tuple[bool, ...] = ()
         self.bwd: dict[tuple[bool, ...], Callable] = {}
+        #: Whether its backward programs compile quick (every array small: ``quick.py``).
+        self.small = False
         tracked_at = [i for i, k in enumerate(kinds) if k == _TRACKED]
 
         def forward(found: dict, *vals: Any) -> tuple[list, list]:
@@ -351,7 +355,10 @@ class _Compiled:
             self.redo = None if redo is None else (len(direct), redo[2])
             self.out_avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs)
             self.inexact = tuple(_inexact(o.dtype) for o in outs)
-            self.fwd = jax.jit(program)
+            arrays = (*closed.in_avals, *closed.out_avals)  # the residuals are outputs too
+            few = _jaxprs.largest_product(closed) <= _quick.PRODUCT_LIMIT
+            self.small = few and _quick.fits(arrays, _quick.BACKWARD_LIMIT)
+            self.fwd = _quick.Jit(program, few and _quick.fits(arrays, _quick.FORWARD_LIMIT))
             return self.fwd(*given)
 
         self.fwd = first
@@ -371,7 +378,7 @@ class _Compiled:
                 full = [next(given) if p else _zero(a) for p, a in zip(present, self.out_avals)]
                 return pullback(jax.tree_util.tree_unflatten(self.out_tree, full))
 
-            program = self.bwd[present] = jax.jit(backward)
+            program = self.bwd[present] = _quick.Jit(backward, self.small)
         return program
 
     def run_backward(self, node: _Node, cts: list) -> Sequence[Any]:

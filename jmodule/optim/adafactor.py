@@ -183,6 +183,7 @@ class Adafactor(TorchOptimizer):
         ("adafactor", "variance"): "variance",
     }
     _state_order = ("step", "row_var", "col_var", "variance")
+    _elementwise = False  # row and column reductions
 
     def __init__(
         self,

@@ -190,6 +190,7 @@ class Muon(TorchOptimizer):
     )
     _state_names = {("momentum", "ema"): "momentum_buffer"}
     _state_order = ("momentum_buffer",)
+    _elementwise = False  # matrix products (Newton-Schulz)
 
     def __init__(
         self,

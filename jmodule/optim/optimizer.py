@@ -39,6 +39,7 @@ import optax
 
 from jmodule._lowering import flat as _flat
 from jmodule._lowering import jaxprs as _jaxprs
+from jmodule._lowering import quick as _quick
 from jmodule._lowering import state as _state
 from jmodule._lowering import structure
 from jmodule._lowering import tracebacks as _tracebacks
@@ -511,7 +512,7 @@ class Optimizer:
     def _jit(self, key: Any, make: Callable[[], Callable]) -> Callable:
         fn = self._jitted.get(key)
         if fn is None:
-            fn = self._jitted[key] = jax.jit(make())
+            fn = self._jitted[key] = _quick.Jit(make(), False)  # any optax chain: plain
         return fn
 
     # ------------------------------------------------------------------ jm.compile
@@ -872,6 +873,9 @@ class TorchOptimizer(Optimizer):
 
     _state_names: dict[tuple[str, ...], str] = {}
     _state_order: tuple[str, ...] = ()
+    #: Whether its update is elementwise arithmetic (a small one compiles quick eagerly,
+    #: ``jmodule/_lowering/quick.py``); False where it multiplies matrices or reduces.
+    _elementwise: bool = True
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]):
         if defaults.get("differentiable"):
@@ -908,7 +912,7 @@ class TorchOptimizer(Optimizer):
         full = (type(self), self._hyper, key)
         fn = _UPDATES.get(full)
         if fn is None:
-            fn = _UPDATES.setdefault(full, jax.jit(make()))
+            fn = _UPDATES.setdefault(full, _quick.Jit(make(), None if self._elementwise else False))
         return fn
 
     def _param_structure(self, group: dict[str, Any], p: Parameter) -> tuple:
