@@ -110,9 +110,10 @@ INTERNALS: dict[str, tuple[str, str]] = {
         "none as of JAX 0.12",
     ),
     "QUICK_COMPILE_OPTIONS": (
-        "XLA:CPU's older loop emitters (xla_cpu_use_fusion_emitters=False) as jax.jit's "
-        "compiler_options, for small eager programs (jmodule/_lowering/quick.py): the option "
-        "exists in the XLA of jaxlib 0.10 and 0.11 and is gone from 0.12's (None there)",
+        "jax.jit compiler_options that compile small eager programs faster "
+        "(jmodule/_lowering/quick.py): XLA:CPU's older loop emitters "
+        "(xla_cpu_use_fusion_emitters=False) in the XLA of jaxlib 0.10 and 0.11; 0.12's has "
+        "only the newer ones, and there 128-bit vectors (xla_cpu_prefer_vector_width=128)",
         "none as of JAX 0.12 (compiler_options are XLA DebugOptions; JAX lists none of them)",
     ),
     "HAS_QDD": (
@@ -223,7 +224,7 @@ HAS_QDD = cur_qdd is not None
 QUICK_COMPILE_OPTIONS: dict[str, Any] | None = (
     {"xla_cpu_use_fusion_emitters": False}
     if tuple(int(p) for p in jax.lib.__version__.split(".")[:2]) < (0, 12)
-    else None
+    else {"xla_cpu_prefer_vector_width": 128}
 )
 
 

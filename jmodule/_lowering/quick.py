@@ -1,4 +1,4 @@
-"""Small eager programs compiled by XLA:CPU's quicker code generator.
+"""Small eager programs compiled with XLA:CPU options that compile faster.
 
 An eager step compiles each program it meets on the first call of a shape
 (the tape's forward and backward programs, the optimizer's update). XLA:CPU
@@ -13,8 +13,10 @@ call), which then gets the plain program. The design note
 (``jmodule/_lowering/README.md``, "Small programs compiled quick") has the
 measurements behind the limits.
 
-JAX 0.12 has no such option (its CPU code generator is the MLIR one only):
-there every program is the plain one.
+JAX 0.12's XLA has only the MLIR emitters; there such a program is compiled
+for 128-bit vectors instead of the machine's widest, which compiles the small
+CNN's backward in 0.30 s instead of 0.41 and runs as fast
+(``_jax_internals.QUICK_COMPILE_OPTIONS`` holds the options for this JAX).
 """
 
 from __future__ import annotations
