@@ -221,7 +221,7 @@ get_referent = _core.get_referent
 cur_qdd: Callable[[Any], Any] | None = getattr(_core, "cur_qdd", None)
 HAS_QDD = cur_qdd is not None
 
-QUICK_COMPILE_OPTIONS: dict[str, Any] | None = (
+QUICK_COMPILE_OPTIONS: dict[str, Any] = (
     {"xla_cpu_use_fusion_emitters": False}
     if tuple(int(p) for p in jax.lib.__version__.split(".")[:2]) < (0, 12)
     else {"xla_cpu_prefer_vector_width": 128}

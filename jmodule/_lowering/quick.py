@@ -79,7 +79,7 @@ class Jit:
         self._fn = fn
         self._plain = jax.jit(fn)
         self._quick: Callable | None = None
-        self._small = quick if _jx.QUICK_COMPILE_OPTIONS else False
+        self._small = quick
 
     def __call__(self, *args: Any) -> Any:
         quick = self._quick
