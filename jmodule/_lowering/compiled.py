@@ -29,6 +29,7 @@ from jmodule import random as _random
 # test); imported rather than made from an array, so import starts no backend.
 from jmodule._jax_internals import ArrayImpl as _ArrayImpl
 from jmodule._lowering import errors as _errors
+from jmodule._lowering import fastcall as _fastcall
 from jmodule._lowering import hooks as _hooks
 from jmodule._lowering import program as _program
 from jmodule._lowering import recorder as _recorder
@@ -40,6 +41,7 @@ from jmodule._lowering.state import RNG_NAME as _RNG_NAME
 from jmodule._tensor import Tensor as _Tensor
 
 _HOOKS = _hooks._VERSION  # the global hooks' version (``.value``), read once per call
+_NO_FAST_CALL = object()  # a match whose plan takes the general path every call
 
 __all__ = [
     "CompileStats",
@@ -585,6 +587,10 @@ class CompiledFunction:
         self.donate = donate
         #: The last call's plan and what a call must match to reuse it (atomic to replace).
         self._last: _Match | None = None
+        #: ``(match, fast path, guard, generated call or None)``: the match's per-call
+        #: function (``fastcall.make``), made on its second consecutive call with the same
+        #: fast path and locks (atomic to replace).
+        self._gen: tuple | None = None
         self.program = Program(
             self._run,
             name=getattr(fn, "__qualname__", repr(fn)),
@@ -704,12 +710,35 @@ class CompiledFunction:
         try:
             last = self._last
             if not kwargs and last is not None and last.plan.fast is not None:
+                gen, plan = self._gen, last.plan
+                if (
+                    gen is not None
+                    and gen[0] is last
+                    and gen[1] is plan.fast
+                    and gen[2] is plan.guard
+                ):
+                    call = gen[3]
+                    if call is None:  # the match's second call in a row: write its path
+                        call = _fastcall.make(last, self.program) or _NO_FAST_CALL
+                        self._gen = (last, plan.fast, plan.guard, call)
+                    if call is not _NO_FAST_CALL:
+                        try:
+                            out = call(args)
+                        except state.NeedsGenerator:  # it draws now: the general path
+                            _unstub(plan)
+                            out = _program.SLOW
+                        if out is not _program.SLOW:
+                            return out
+                else:
+                    self._gen = (last, plan.fast, plan.guard, None)
                 # The per-call path: the last call's objects in the same places, arrays
                 # elsewhere, nothing changed structurally, a settled donating program.
                 local = state.local
                 matched = self._match(args) if local.recorder is None and not local.bound else None
-                if matched is not None and (
-                    matched[0].code is None or matched[0].code.changed() is None
+                if (
+                    matched is not None
+                    and matched[0].fast is not None  # the generated call may have dropped it
+                    and (matched[0].code is None or matched[0].code.changed() is None)
                 ):
                     plan, arrays = matched
                     try:
