@@ -60,6 +60,16 @@ def _failed(plan: Any, error: BaseException, kept: list, donated: list) -> Any:
     raise error
 
 
+def _per_slot(bound: dict[str, Any], name: str, slots: Any, template: str) -> list[str]:
+    """One line per slot: ``template`` with ``{c}`` its container (bound as ``name<j>``),
+    ``{k}`` its key and ``{j}`` its position."""
+    lines = []
+    for j, (c, k) in enumerate(slots):
+        bound[f"{name}{j}"] = c
+        lines.append(template.format(c=f"{name}{j}", k=repr(k), j=j))
+    return lines
+
+
 def make(match: Any, program: Any) -> Callable[[tuple], Any] | None:
     """The per-call function of ``match`` (a ``_Match`` whose plan has a settled
     ``fast`` path), or None where the plan needs the general path every call
@@ -121,19 +131,12 @@ def make(match: Any, program: Any) -> Callable[[tuple], Any] | None:
     for j, lock in enumerate(locks):
         bound[f"l{j}"] = lock
         body.append(f"l{j}.acquire()")
-    inner: list[str] = []
-    for j, (c, k) in enumerate(fast.nones):
-        bound[f"nc{j}"] = c
-        inner.append(f"if nc{j}[{k!r}] is not None: return SLOW")
-    for j, (c, k) in enumerate(fast.grads):
-        bound[f"gc{j}"] = c
-        inner.append(f"if type(gc{j}[{k!r}]) is PackedGrad: return SLOW")
-    for j, (c, k) in enumerate(fast.donated):
-        bound[f"dc{j}"] = c
-        inner.append(f"d{j} = dc{j}[{k!r}]")
-    for j, (c, k) in enumerate(fast.kept):
-        bound[f"kc{j}"] = c
-        inner.append(f"k{j} = kc{j}[{k!r}]")
+    inner = [
+        *_per_slot(bound, "nc", fast.nones, "if {c}[{k}] is not None: return SLOW"),
+        *_per_slot(bound, "gc", fast.grads, "if type({c}[{k}]) is PackedGrad: return SLOW"),
+        *_per_slot(bound, "dc", fast.donated, "d{j} = {c}[{k}]"),
+        *_per_slot(bound, "kc", fast.kept, "k{j} = {c}[{k}]"),
+    ]
     if fast.held:  # a donated parameter held elsewhere: the general path warns once
         held = " or ".join(f"getrefcount(d{j}) > {_HELD}" for j in fast.held)
         inner.append(f"if not plan.warned_held and ({held}): return SLOW")
