@@ -497,6 +497,8 @@ class CompiledForward:
             with plan.guard:
                 slots = plan.slots
                 vals = [c[k] for c, k in slots]
+                if vals[-1] is None:  # reseeded: the key is made from the seed now
+                    vals[-1] = _program.seeded_key(plan)
                 outer, local.call = local.call, plan
                 jitted = plan.jitted
                 try:

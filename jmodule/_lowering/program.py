@@ -694,12 +694,29 @@ def check_not_meta(slots: Sequence[Slot], names: Sequence[str]) -> None:
             raise RuntimeError(f"{state.META_HELP} ('{name}': the module cannot run)")
 
 
+def seeded_key(plan: Plan) -> Any:
+    """The generator's key where its slot holds None: made now from the seed last set.
+
+    ``jm.manual_seed`` leaves the key to be made on first use. A program given None
+    there would make it while tracing, from the seed of that moment, and keep it as a
+    constant for every later call that passes None (every call after a reseed): the
+    masks of the first seed again, whatever the seed.
+    """
+    c, k = plan.slots[-1]
+    generator = plan.generator
+    if generator is None or c is not generator.__dict__:
+        return None
+    return state.rng_slot(generator)[0][k]
+
+
 def read_state(program: Program, plan: Plan) -> list[Any]:
     """The slot values for a call; ``.grad`` slots the program never reads are None, and so
     are the members of groups (read stacked)."""
     if plan.groups and not restack(plan):
         raise RuntimeError(NESTED_SCAN_HELP)
     vals = [c[k] for c, k in plan.slots]
+    if vals[-1] is None:
+        vals[-1] = seeded_key(plan)
     for i in program.unread(plan):
         vals[i] = None
     for i in plan.members:
